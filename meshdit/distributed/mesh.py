@@ -1,0 +1,91 @@
+"""One named DeviceMesh per process, built once; strategies ask for axes by name."""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from ..config import MESH_AXES, ParallelConfig
+
+# Long enough for a slow first step on a loaded CPU, short enough that a lost
+# peer turns into an error rather than an endless wait.
+DEFAULT_TIMEOUT = datetime.timedelta(seconds=int(os.environ.get("MESHDIT_COLLECTIVE_TIMEOUT", "300")))
+
+
+def pick_device() -> torch.device:
+    """cuda:<local rank> where a CUDA/ROCm device is visible, else cpu."""
+    if torch.cuda.is_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def init_distributed(device: torch.device | None = None) -> torch.device:
+    """Joins the process group described by the env (RANK, WORLD_SIZE, MASTER_*).
+
+    gloo on CPU, NCCL on CUDA (RCCL on ROCm, same backend name). A world of one
+    process without the env variables still gets a group, so code paths are the same.
+    """
+    device = device or pick_device()
+    if dist.is_initialized():
+        return device
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, timeout=DEFAULT_TIMEOUT)
+    return device
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def teardown_distributed() -> None:
+    """Explicit teardown: gloo processes that exit without it often abort (DESIGN.md)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@dataclass
+class ParallelMesh:
+    """The DeviceMesh with axes dp, cfg, pp, ring, ulysses and the groups derived from it."""
+
+    config: ParallelConfig
+    mesh: DeviceMesh
+    device: torch.device
+
+    @classmethod
+    def build(cls, config: ParallelConfig, device: torch.device) -> "ParallelMesh":
+        config.validate(dist.get_world_size())
+        shape = tuple(config.degrees[a] for a in MESH_AXES)
+        mesh = init_device_mesh(device.type, shape, mesh_dim_names=MESH_AXES)
+        # NOTE: flattening creates a process group, so every rank builds it here,
+        # in the same order, whether or not it uses sequence parallelism.
+        mesh["ring", "ulysses"]._flatten("sp")
+        return cls(config, mesh, device)
+
+    def group(self, axis: str) -> dist.ProcessGroup:
+        return self.mesh[axis].get_group()
+
+    def size(self, axis: str) -> int:
+        return self.mesh[axis].size()
+
+    def local_rank(self, axis: str) -> int:
+        return self.mesh[axis].get_local_rank()
+
+    @property
+    def is_output_rank(self) -> bool:
+        """The rank that writes images and prints: global rank 0."""
+        return dist.get_rank() == 0
