@@ -1,0 +1,96 @@
+"""meshdit.vae.decode: one entry point for local, patch-parallel, tiled and parallel+tiled decodes."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from ..errors import ConfigError
+from .memory import track_peak_memory
+from .patch_parallel import decode_bands, plan_bands
+from .settings import VaeDecodeSettings
+from .tiled import tiled_decode
+
+
+def upsampling_factor(vae) -> int:
+    """Output pixels per latent pixel along each axis (8 for the FLUX, SD3, PixArt VAEs)."""
+    ups = sum(1 for block in vae.decoder.up_blocks if getattr(block, "upsamplers", None))
+    return 2**ups
+
+
+@contextlib.contextmanager
+def _no_builtin_tiling(vae):
+    """diffusers' own enable_tiling() would re-split our bands and tiles: off while we decode."""
+    saved = getattr(vae, "use_tiling", None)
+    if saved is not None:
+        vae.use_tiling = False
+    try:
+        yield
+    finally:
+        if saved is not None:
+            vae.use_tiling = saved
+
+
+def _check_same_call(latents: torch.Tensor, settings: VaeDecodeSettings, group: dist.ProcessGroup) -> None:
+    """Fails on every rank, naming the odd ones, if ranks disagree on the shape or settings.
+
+    NOTE: every rank of the group joins this all_gather (before any other collective),
+    so a mismatch is an error on all ranks rather than a hang in a later collective.
+    """
+    mine = torch.tensor([*latents.shape, int(settings.parallel), settings.tile_height or 0,
+                         settings.tile_width or 0, settings.tile_overlap], dtype=torch.int64)
+    if mine.numel() != 8:
+        raise ConfigError(f"latents must be [B, C, h, w]; got shape {tuple(latents.shape)}.")
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, mine, group=group)
+    odd = [r for r, t in enumerate(everyone) if not torch.equal(t, everyone[0])]
+    if odd:
+        raise ConfigError(
+            f"VAE decode: group ranks {odd} called decode with a latent shape or settings different from "
+            f"group rank 0 ({everyone[0].tolist()} vs {[everyone[r].tolist() for r in odd]}); every rank of "
+            "the group must decode the same latents with the same settings."
+        )
+
+
+def decode(vae, latents: torch.Tensor, settings: VaeDecodeSettings | None = None,
+           group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Same result as vae.decode(latents, return_dict=False)[0] (exact for parallel-only; approximate when tiled).
+
+    latents: [B, C, h, w] already scaled/shifted as the pipeline would pass to vae.decode
+    (for FLUX.2: after the pipeline's batch-norm inverse and unpatchify).
+    group: ranks that share the work (None or size 1: local). With settings.parallel the
+    latent is split into row bands over the group (or, when tiled, the tiles are shared
+    out); without it every rank decodes the whole image by itself.
+    NOTE: with settings.parallel and a group of >1 ranks, every rank of the group must call
+    this with the same latents and settings; every rank gets the full image.
+    diffusers' own vae.enable_tiling() is ignored here: `settings` own tiling.
+    """
+    settings = settings or VaeDecodeSettings()
+    if latents.dim() != 4:
+        raise ConfigError(f"latents must be [B, C, h, w]; got shape {tuple(latents.shape)}.")
+    scale = upsampling_factor(vae)
+    settings.check_for_vae(scale)
+    world = dist.get_world_size(group) if group is not None and dist.is_initialized() else 1
+    shared = settings.parallel and world > 1
+    rank = dist.get_rank(group) if shared else 0
+    if shared:
+        _check_same_call(latents, settings, group)
+    mode = ("parallel+" if shared else "") + ("tiled" if settings.tiled else ("bands" if shared else "local"))
+    _, _, h, w = latents.shape
+    with torch.no_grad(), _no_builtin_tiling(vae), track_peak_memory(
+        latents.device, mode=mode, ranks=world if shared else 1, rank=rank, latent_shape=tuple(latents.shape)
+    ) as report:
+        if settings.tiled:
+            image = tiled_decode(
+                lambda z: vae.decode(z, return_dict=False)[0], latents, scale, vae.config.out_channels,
+                settings.tile_height // scale if settings.tile_height else None,
+                settings.tile_width // scale if settings.tile_width else None,
+                settings.tile_overlap // scale, group if shared else None,
+            )
+        elif shared and (plan := plan_bands(h, group)) is not None:
+            image = decode_bands(vae, latents, plan)
+        else:  # local, or fewer latent rows than ranks: every rank decodes the whole latent
+            image = vae.decode(latents, return_dict=False)[0]
+        report["image_shape"] = tuple(image.shape)
+    return image

@@ -1,0 +1,130 @@
+"""Peak memory of the last VAE decode on this rank.
+
+CPU: every tensor storage created while the decode runs is counted from its
+allocation to its release (a TorchDispatchMode sees each op's outputs; a
+weakref finalizer on the storage sees it freed). Peak = the highest sum of live
+storages created during the decode, so weights, the input latents and anything
+allocated before are excluded: it is the decode's activation memory, the figure
+that grows with the image. Scratch memory an op allocates and frees inside
+itself (e.g. a convolution's workspace) is not seen; see the benchmark for a
+cross-check against the process's peak RSS.
+
+CUDA: torch.cuda.max_memory_allocated() over the decode, minus what was
+allocated before it (same meaning: activation peak).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+_last_report: dict = {}
+
+
+class _StorageTracker(TorchDispatchMode):
+    """Counts live bytes of storages created by ops run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current = 0
+        self.peak = 0
+        self.allocations = 0
+        self._live: set[int] = set()
+
+    def _freed(self, key: int, nbytes: int) -> None:
+        self._live.discard(key)
+        self.current -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = None
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+                continue
+            storage = t.untyped_storage()
+            key = storage._cdata
+            if key in self._live:
+                continue
+            if inputs is None:  # views and in-place results share an input's storage: not new
+                inputs = {x.untyped_storage()._cdata for x in tree_leaves((args, kwargs))
+                          if isinstance(x, torch.Tensor) and x.device.type != "meta"}
+            if key in inputs:
+                continue
+            nbytes = storage.nbytes()
+            self._live.add(key)
+            self.current += nbytes
+            self.allocations += 1
+            self.peak = max(self.peak, self.current)
+            weakref.finalize(storage, self._freed, key, nbytes)
+        return out
+
+
+def _rss_bytes() -> tuple[int, int]:
+    """(current RSS, peak RSS since the last reset) from /proc; (0, 0) where unavailable."""
+    try:
+        with open("/proc/self/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return 0, 0
+
+
+def _reset_rss_peak() -> bool:
+    try:  # Linux: writing 5 resets VmHWM (peak RSS) to the current RSS
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def track_peak_memory(device: torch.device, **details):
+    """Measures the block's activation peak; the result becomes peak_memory_report()."""
+    global _last_report
+    report = dict(details)
+    rss_ok = _reset_rss_peak()
+    rss_before, _ = _rss_bytes()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        yield report
+        torch.cuda.synchronize(device)
+        report.update(
+            peak_bytes=torch.cuda.max_memory_allocated(device) - base,
+            method="torch.cuda.max_memory_allocated() during the decode minus memory allocated before it",
+        )
+    else:
+        tracker = _StorageTracker()
+        with tracker:
+            yield report
+        report.update(
+            peak_bytes=tracker.peak,
+            tensor_allocations=tracker.allocations,
+            method="sum of live tensor storages created during the decode (TorchDispatchMode + weakref "
+                   "finalizers); excludes weights, inputs and op-internal scratch",
+        )
+    if rss_ok:
+        _, rss_peak = _rss_bytes()
+        report["peak_rss_delta_bytes"] = max(0, rss_peak - rss_before)
+    report["pid"] = os.getpid()
+    _last_report = report
+
+
+def peak_memory_report() -> dict:
+    """What was measured for the last decode on this rank (empty before the first).
+
+    Keys: peak_bytes (activation peak, see `method`), peak_mib, method, mode
+    (local / parallel / tiled / parallel+tiled), ranks, rank, image and latent
+    shapes, and peak_rss_delta_bytes (Linux: rise of the process's peak RSS over
+    the decode; coarse, as the allocator keeps freed memory).
+    """
+    report = dict(_last_report)
+    if "peak_bytes" in report:
+        report["peak_mib"] = round(report["peak_bytes"] / 2**20, 2)
+    return report

@@ -1,0 +1,246 @@
+"""Patch-parallel VAE decode: the latent split into row bands, one per rank. Exact.
+
+The diffusers decoder runs unmodified on each rank's band (vae.decode is called
+on the band). While it runs, hooks on its own modules make the result equal to
+the whole-image decode:
+
+- Conv2d with a k x k kernel (k = 2p+1, padding p): after the module has run on
+  the band (zero padding at the band's edges), its first and last p output rows
+  are recomputed, by the same module, on a strip that carries the neighbour's p
+  halo rows (exchanged point to point). Zero rows are used only at the true
+  image border. No copy of the band is made.
+- GroupNorm: mean from the all-reduced sum and count, then the variance from the
+  all-reduced sum of squared deviations from that mean (two passes, exact).
+- Attention (the mid block's): its input is gathered to the whole latent, the
+  real module runs on it, and each rank keeps its own rows of the output.
+- Everything else in the decoder works row by row (activations, dropout, 1x1
+  convs, nearest 2x upsampling, which doubles band heights): left alone.
+
+Any other module type makes the decode refuse to start (ConfigError) rather
+than risk a silently different image.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from diffusers.models.attention_processor import Attention
+from diffusers.models.upsampling import Upsample2D
+
+from ..distributed.comm import all_gather_uneven, comm_stats, split_sizes
+from ..errors import ConfigError
+
+# Leaves that compute each output row from the same input row only.
+_ROW_LOCAL = (nn.SiLU, nn.ReLU, nn.GELU, nn.Mish, nn.Tanh, nn.Sigmoid, nn.Identity, nn.Dropout)
+
+
+@dataclass
+class BandPlan:
+    """Which latent rows each rank of the group decodes."""
+
+    group: dist.ProcessGroup
+    rank: int                # index in the group
+    sizes: list[int]         # latent rows per rank (split_sizes: first ones one longer)
+    latent_height: int
+
+    @property
+    def world(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def offset(self) -> int:
+        return sum(self.sizes[: self.rank])
+
+    def lens_at(self, height: int) -> list[int]:
+        """Band heights once the whole image is `height` rows (a multiple of the latent height)."""
+        scale, rest = divmod(height, self.latent_height)
+        if rest:
+            raise RuntimeError(f"height {height} is not a multiple of the latent height {self.latent_height}")
+        return [s * scale for s in self.sizes]
+
+    def global_rank(self, group_rank: int) -> int:
+        return dist.get_global_rank(self.group, group_rank)
+
+
+def _exchange_halos(x: torch.Tensor, p: int, plan: BandPlan) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Returns (p rows of the rank above, p rows of the rank below); None at the image border.
+
+    NOTE: every rank of plan.group must call this for the same conv, in the same order.
+    Receives are posted before sends so gloo (whose sends wait for the receive) cannot deadlock.
+    """
+    me = plan.rank
+    shape = list(x.shape)
+    shape[2] = p
+    top = x.new_empty(shape) if me > 0 else None
+    bottom = x.new_empty(shape) if me < plan.world - 1 else None
+    recvs, sends = [], []
+    if top is not None:
+        up = plan.global_rank(me - 1)
+        recvs.append(dist.P2POp(dist.irecv, top, up, plan.group))
+        sends.append(dist.P2POp(dist.isend, x[:, :, :p].contiguous(), up, plan.group))
+    if bottom is not None:
+        down = plan.global_rank(me + 1)
+        recvs.append(dist.P2POp(dist.irecv, bottom, down, plan.group))
+        sends.append(dist.P2POp(dist.isend, x[:, :, -p:].contiguous(), down, plan.group))
+    comm_stats.add("vae_halo_p2p", sum(op.tensor.numel() * op.tensor.element_size() for op in sends))
+    for req in dist.batch_isend_irecv(recvs + sends):
+        req.wait()
+    return top, bottom
+
+
+def _group_norm(module: nn.GroupNorm, plan: BandPlan):
+    """A forward for `module` that normalises with statistics over every rank's band."""
+
+    def forward(x: torch.Tensor) -> torch.Tensor:  # x: [B, C, h_band, W]
+        # NOTE: every rank of plan.group joins two all-reduces per call.
+        b, c = x.shape[:2]
+        g = module.num_groups
+        xg = x.reshape(b, g, -1)                                        # [B, G, C/G * h_band * W]
+        stats = torch.empty(b * g + 1, dtype=torch.float64, device=x.device)
+        stats[:-1] = xg.sum(dim=-1, dtype=torch.float64).reshape(-1)
+        stats[-1] = xg.shape[-1]                                        # element count per group
+        comm_stats.add("vae_groupnorm_all_reduce", stats.numel() * stats.element_size())
+        dist.all_reduce(stats, group=plan.group)
+        mean = (stats[:-1] / stats[-1]).reshape(b, g, 1)                # [B, G, 1], fp64
+        diff = xg - mean.to(x.dtype)                                    # the only band-sized temporary
+        ssd = torch.linalg.vector_norm(diff, dim=-1).double().square().reshape(-1)   # [B*G]
+        comm_stats.add("vae_groupnorm_all_reduce", ssd.numel() * ssd.element_size())
+        dist.all_reduce(ssd, group=plan.group)
+        var = ssd / stats[-1]                                           # biased, as nn.GroupNorm
+        rstd = torch.rsqrt(var + module.eps).to(x.dtype).reshape(b, g, 1)
+        out = diff.mul_(rstd).reshape(x.shape)
+        if module.affine:
+            out.mul_(module.weight.reshape(1, c, 1, 1)).add_(module.bias.reshape(1, c, 1, 1))
+        return out
+
+    return forward
+
+
+def _halo_of(conv: nn.Conv2d) -> int:
+    """Rows a conv needs from each neighbour; refuses convs the band split cannot reproduce."""
+    kh, kw = conv.kernel_size
+    ph, pw = conv.padding if isinstance(conv.padding, tuple) else (None, None)
+    if conv.stride != (1, 1) or conv.dilation != (1, 1) or conv.padding_mode != "zeros" or ph is None:
+        raise ConfigError(f"parallel VAE decode supports stride-1, zero-padded convs only; found {conv}. "
+                          "Run without --use-parallel-vae (tiling bounds memory too).")
+    if kh % 2 == 0 or ph != kh // 2 or pw != kw // 2:
+        raise ConfigError(f"parallel VAE decode needs 'same' padding (odd kernel k, padding k//2); found {conv}. "
+                          "Run without --use-parallel-vae.")
+    return ph
+
+
+class BandHooks:
+    """Installs the hooks on a decoder for one decode; `with BandHooks(decoder, plan):`."""
+
+    def __init__(self, decoder: nn.Module, plan: BandPlan) -> None:
+        self.decoder, self.plan = decoder, plan
+        self.convs: list[tuple[nn.Conv2d, int]] = []
+        self.norms: list[nn.GroupNorm] = []
+        self.gathered: list[nn.Module] = []
+        self._walk(decoder)
+        self._handles: list = []
+        self._fixing = False
+
+    def _walk(self, module: nn.Module) -> None:
+        for child in module.children():
+            if isinstance(child, Attention):
+                self.gathered.append(child)        # runs whole; its inside needs no hooks
+            elif isinstance(child, nn.Conv2d):
+                halo = _halo_of(child)
+                if halo:
+                    self.convs.append((child, halo))
+            elif isinstance(child, nn.GroupNorm):
+                self.norms.append(child)
+            elif isinstance(child, Upsample2D) and (child.use_conv_transpose or not child.interpolate):
+                raise ConfigError(f"parallel VAE decode supports nearest-neighbour upsampling only; found {child}.")
+            elif not list(child.children()) and not isinstance(child, _ROW_LOCAL):
+                raise ConfigError(
+                    f"parallel VAE decode does not know how to split {type(child).__name__} over row bands; "
+                    "run without --use-parallel-vae (use --vae-tile-height/--vae-tile-width to bound memory)."
+                )
+            else:
+                self._walk(child)
+
+    def _conv_hook(self, halo: int):
+        plan = self.plan
+
+        def hook(module: nn.Conv2d, args, out: torch.Tensor):
+            if self._fixing:
+                return None
+            x = args[0]                                            # [B, Cin, h, W]; out: [B, Cout, h, W]
+            top, bottom = _exchange_halos(x, halo, plan)
+            h = x.shape[2]
+            self._fixing = True
+            try:
+                if h < 2 * halo:  # a very thin band: recompute it whole between both halos
+                    zeros = x.new_zeros(x.shape[0], x.shape[1], halo, x.shape[3])
+                    strip = torch.cat([zeros if top is None else top, x, zeros if bottom is None else bottom], 2)
+                    out.copy_(module(strip)[:, :, halo:halo + h])
+                    return out
+                if top is not None:  # first `halo` output rows see the rows above
+                    strip = torch.cat([top, x[:, :, : 2 * halo]], 2)
+                    out[:, :, :halo] = module(strip)[:, :, halo: 2 * halo]
+                if bottom is not None:
+                    strip = torch.cat([x[:, :, -2 * halo:], bottom], 2)
+                    out[:, :, -halo:] = module(strip)[:, :, halo: 2 * halo]
+            finally:
+                self._fixing = False
+            return out
+
+        return hook
+
+    def _gather_pre_hook(self, module, args, kwargs):
+        # NOTE: every rank of the group gathers here (all_gather).
+        x = args[0]                                                # [B, C, h_band, W]
+        full_height = x.shape[2] * self.plan.latent_height // self.plan.sizes[self.plan.rank]
+        full = all_gather_uneven(x.contiguous(), 2, self.plan.lens_at(full_height), self.plan.group)
+        return (full, *args[1:]), kwargs                           # [B, C, h, W]
+
+    def _gather_post_hook(self, module, args, out: torch.Tensor):
+        lens = self.plan.lens_at(out.shape[2])
+        start = sum(lens[: self.plan.rank])
+        return out.narrow(2, start, lens[self.plan.rank]).contiguous()  # [B, C, h_band, W]
+
+    def __enter__(self) -> "BandHooks":
+        try:
+            for conv, halo in self.convs:
+                self._handles.append(conv.register_forward_hook(self._conv_hook(halo)))
+            for norm in self.norms:
+                norm.forward = _group_norm(norm, self.plan)        # instance attribute; removed on exit
+            for attn in self.gathered:
+                self._handles.append(attn.register_forward_pre_hook(self._gather_pre_hook, with_kwargs=True))
+                self._handles.append(attn.register_forward_hook(self._gather_post_hook))
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for norm in self.norms:
+            norm.__dict__.pop("forward", None)
+
+
+def plan_bands(latent_height: int, group: dist.ProcessGroup) -> BandPlan | None:
+    """Row bands for this group; None when there are fewer latent rows than ranks (decode whole)."""
+    world = dist.get_world_size(group)
+    if latent_height < world:
+        return None
+    return BandPlan(group, dist.get_rank(group), split_sizes(latent_height, world), latent_height)
+
+
+def decode_bands(vae, latents: torch.Tensor, plan: BandPlan) -> torch.Tensor:
+    """Decodes this rank's band with the real vae.decode, then gathers the image on every rank.
+
+    NOTE: every rank of plan.group must call this with the same latents.
+    """
+    band = latents.narrow(2, plan.offset, plan.sizes[plan.rank]).contiguous()   # [B, C, h_band, w]
+    with BandHooks(vae.decoder, plan):
+        image_band = vae.decode(band, return_dict=False)[0]                       # [B, 3, h_band*f, W]
+    scale = image_band.shape[2] // band.shape[2]
+    return all_gather_uneven(image_band, 2, [s * scale for s in plan.sizes], plan.group)
+

@@ -1,0 +1,75 @@
+"""How the VAE decode is shared out: patch-parallel bands, tiles, or both."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+
+@dataclass
+class VaeDecodeSettings:
+    """Settings of meshdit.vae.decode (CLI flags in comments).
+
+    Tiling is on when tile_height or tile_width is set; an unset one means no
+    tiling along that axis (the tile spans the whole image that way).
+    """
+
+    parallel: bool = False
+    """--use-parallel-vae: split the latent into row bands over the ranks (exact)."""
+    tile_height: int | None = None
+    """--vae-tile-height: tile height in pixels of the output image."""
+    tile_width: int | None = None
+    """--vae-tile-width: tile width in pixels of the output image."""
+    tile_overlap: int = 64
+    """--vae-tile-overlap: pixels neighbouring tiles share; linear cross-fade over them."""
+
+    @property
+    def tiled(self) -> bool:
+        return self.tile_height is not None or self.tile_width is not None
+
+    def validate(self) -> None:
+        """Checks that need no VAE; decode() adds those that do (multiples of the VAE's scale)."""
+        if not isinstance(self.parallel, bool):
+            raise ConfigError(f"VAE parallel must be True or False, got {self.parallel!r}.")
+        for name, flag in (("tile_height", "--vae-tile-height"), ("tile_width", "--vae-tile-width")):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{flag} must be a whole number of pixels >= 1, got {value!r}; e.g. {flag} 1024.")
+        overlap = self.tile_overlap
+        if not isinstance(overlap, int) or isinstance(overlap, bool) or overlap < 0:
+            raise ConfigError(
+                f"--vae-tile-overlap must be a whole number of pixels >= 0, got {overlap!r}; e.g. --vae-tile-overlap 64."
+            )
+        for name, flag in (("tile_height", "--vae-tile-height"), ("tile_width", "--vae-tile-width")):
+            value = getattr(self, name)
+            if value is not None and overlap >= value:
+                raise ConfigError(
+                    f"--vae-tile-overlap ({overlap} px) must be smaller than {flag} ({value} px): "
+                    f"lower the overlap below {value} (a quarter of the tile, {value // 4} px, is usual) "
+                    f"or raise {flag} above {overlap}."
+                )
+
+    def check_for_vae(self, scale: int) -> None:
+        """Checks against a VAE whose decoder upsamples by `scale` (8 for FLUX/SD3/PixArt)."""
+        self.validate()
+        if not self.tiled:
+            return
+        for name, flag in (("tile_height", "--vae-tile-height"), ("tile_width", "--vae-tile-width"),
+                           ("tile_overlap", "--vae-tile-overlap")):
+            value = getattr(self, name)
+            if value is not None and value % scale:
+                lower, upper = value // scale * scale, (value // scale + 1) * scale
+                hint = f"{lower} or {upper}" if lower > 0 else f"{upper}"
+                raise ConfigError(
+                    f"{flag} ({value} px) must be a multiple of the VAE's upsampling factor {scale} "
+                    f"(tiles are cut from the latent); use {hint}."
+                )
+        for name in ("tile_height", "tile_width"):
+            value = getattr(self, name)
+            if value is not None and value - self.tile_overlap < scale:
+                raise ConfigError(
+                    f"Tiles of {value} px with {self.tile_overlap} px overlap advance by less than one latent "
+                    f"pixel ({scale} px); lower --vae-tile-overlap to at most {value - scale}."
+                )
