@@ -90,6 +90,7 @@ class GenerateRequest:
     num_inference_steps: int | None = None
     guidance_scale: float | None = None
     seed: int = 0
+    num_images_per_prompt: int = 1
     extra: dict = field(default_factory=dict)
     """Extra keyword arguments for the pipeline family's recipe (e.g. max_sequence_length)."""
 

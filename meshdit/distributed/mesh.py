@@ -65,6 +65,7 @@ class ParallelMesh:
     config: ParallelConfig
     mesh: DeviceMesh
     device: torch.device
+    sp_mesh: DeviceMesh  # ring x ulysses flattened: the ranks that share one sequence
 
     @classmethod
     def build(cls, config: ParallelConfig, device: torch.device) -> "ParallelMesh":
@@ -73,17 +74,20 @@ class ParallelMesh:
         mesh = init_device_mesh(device.type, shape, mesh_dim_names=MESH_AXES)
         # NOTE: flattening creates a process group, so every rank builds it here,
         # in the same order, whether or not it uses sequence parallelism.
-        mesh["ring", "ulysses"]._flatten("sp")
-        return cls(config, mesh, device)
+        sp_mesh = mesh["ring", "ulysses"]._flatten("sp")
+        return cls(config, mesh, device, sp_mesh)
+
+    def _axis(self, axis: str) -> DeviceMesh:
+        return self.sp_mesh if axis == "sp" else self.mesh[axis]
 
     def group(self, axis: str) -> dist.ProcessGroup:
-        return self.mesh[axis].get_group()
+        return self._axis(axis).get_group()
 
     def size(self, axis: str) -> int:
-        return self.mesh[axis].size()
+        return self._axis(axis).size()
 
     def local_rank(self, axis: str) -> int:
-        return self.mesh[axis].get_local_rank()
+        return self._axis(axis).get_local_rank()
 
     @property
     def is_output_rank(self) -> bool:

@@ -1,0 +1,33 @@
+"""meshdit: run diffusers Diffusion Transformer pipelines over a device mesh.
+
+Scripts (alone, or one process per rank under torchrun):
+
+    import meshdit
+    mesh = meshdit.init(meshdit.ParallelConfig(ulysses_degree=2))
+    engine = meshdit.Engine.from_pretrained("path/or/hub-id", mesh)
+    result = engine.generate(meshdit.GenerateRequest(prompt="...", seed=0))
+    meshdit.shutdown()
+"""
+from .config import GenerateRequest, ParallelConfig
+from .distributed.mesh import ParallelMesh
+from .engine import Engine, GenerateResult
+from .errors import ConfigError, RankFailedError
+
+__all__ = ["ConfigError", "Engine", "GenerateRequest", "GenerateResult", "ParallelConfig", "ParallelMesh",
+           "RankFailedError", "init", "shutdown"]
+__version__ = "0.1.0"
+
+
+def init(config: ParallelConfig) -> ParallelMesh:
+    """Joins the process group (from torchrun's env, or a world of one) and builds the mesh."""
+    from .distributed.mesh import init_distributed
+
+    config.validate()
+    return ParallelMesh.build(config, init_distributed())
+
+
+def shutdown() -> None:
+    """Tears the process group down; call it on every rank before exiting."""
+    from .distributed.mesh import teardown_distributed
+
+    teardown_distributed()

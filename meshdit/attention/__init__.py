@@ -1,0 +1,1 @@
+"""Attention kernels and sequence-parallel attention (Ulysses, Ring, USP)."""

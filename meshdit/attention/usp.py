@@ -1,0 +1,63 @@
+"""Unified sequence parallel attention: Ulysses inside, Ring outside (USP).
+
+The SP ranks of one mesh are ordered ring-major: SP rank = ring_index * U +
+ulysses_index. Token shard j lives on SP rank j, so a Ulysses group holds a
+contiguous run of shards, and after its all-to-all each rank holds that run for
+its head shard; the ring then passes those runs around.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .ring import ring_attention
+from .ulysses import heads_to_seq, seq_to_heads
+
+
+@dataclass(frozen=True)
+class SequenceGroups:
+    """The two process groups of sequence parallelism and this rank's place in them."""
+
+    ulysses_group: dist.ProcessGroup
+    ulysses_size: int
+    ring_group: dist.ProcessGroup
+    ring_size: int
+
+    @property
+    def size(self) -> int:
+        return self.ulysses_size * self.ring_size
+
+
+def usp_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    groups: SequenceGroups,
+    seq_lens: list[int],
+    scale: float | None,
+    local_attention,
+) -> torch.Tensor:
+    """Exact attention over the full sequence from local shards.
+
+    q, k, v: [B, H, seq_lens[sp_rank], D]; seq_lens holds every SP rank's length.
+    `local_attention(q, k, v, scale)` is the plain kernel used when no ring is involved.
+    NOTE: every SP rank must call this for the same layer with the same seq_lens.
+    """
+    u, r = groups.ulysses_size, groups.ring_size
+    num_heads = q.shape[1]
+    # Lengths of the Ulysses groups' runs, and of this rank's own group members.
+    ring_me = dist.get_rank(groups.ring_group) if r > 1 else 0
+    run_lens = [sum(seq_lens[g * u:(g + 1) * u]) for g in range(r)]
+    member_lens = seq_lens[ring_me * u:(ring_me + 1) * u]
+    if u > 1:
+        q, k, v = (seq_to_heads(t, groups.ulysses_group, member_lens) for t in (q, k, v))
+    # q, k, v: [B, H/U, run_lens[ring_me], D]
+    if r > 1:
+        out = ring_attention(q, k, v, groups.ring_group, run_lens, scale)
+    else:
+        out = local_attention(q, k, v, scale)
+    if u > 1:
+        out = heads_to_seq(out, groups.ulysses_group, member_lens, num_heads)
+    return out  # [B, H, seq_lens[sp_rank], D]

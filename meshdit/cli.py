@@ -1,0 +1,104 @@
+"""`meshdit generate ...`: one command that validates, starts the ranks and saves the images."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import GenerateRequest, ParallelConfig
+from .errors import ConfigError, RankFailedError
+
+
+def _add(parser, name: str, **kwargs):
+    """A kebab-case flag plus xDiT's underscore spelling as an alias."""
+    names = [f"--{name}"]
+    if "-" in name:
+        names.append(f"--{name.replace('-', '_')}")
+    parser.add_argument(*names, **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="meshdit", description="Run diffusers DiT pipelines over a device mesh.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    gen = commands.add_parser("generate", help="generate images from prompts")
+    _add(gen, "model", default=None, help="pipeline folder or Hub id (default: meshdit's bundled model)")
+    _add(gen, "prompt", action="append", default=None, help="the prompt (repeat for several)")
+    _add(gen, "negative-prompt", default=None)
+    _add(gen, "height", type=int, default=None, help="image height in pixels")
+    _add(gen, "width", type=int, default=None, help="image width in pixels")
+    _add(gen, "steps", type=int, default=None, help="denoising steps")
+    gen.add_argument("--num-inference-steps", "--num_inference_steps", dest="steps", type=int, help=argparse.SUPPRESS)
+    _add(gen, "seed", type=int, default=0)
+    _add(gen, "guidance-scale", type=float, default=None)
+    _add(gen, "max-sequence-length", type=int, default=None, help="text tokens (model default if unset)")
+    _add(gen, "num-images-per-prompt", type=int, default=1)
+    _add(gen, "output", default="meshdit.png", help="x.png, or x.npy for the float32 (H, W, 3) array in [0, 1]")
+    _add(gen, "dtype", choices=["float32", "bfloat16", "float16"], default=None,
+         help="weights and activations (default: bfloat16 on GPU, float32 on CPU)")
+    _add(gen, "ulysses-degree", type=int, default=1)
+    _add(gen, "ring-degree", type=int, default=1)
+    _add(gen, "pipefusion-parallel-degree", type=int, default=1)
+    _add(gen, "data-parallel-degree", type=int, default=1)
+    _add(gen, "use-cfg-parallel", action="store_true")
+    _add(gen, "verbose", action="store_true")
+    return parser
+
+
+def _default_model_settings(args) -> str:
+    """The bundled model, with its own default resolution, steps and guidance."""
+    from . import default_model
+
+    args.height = args.height or default_model.DEFAULT_HEIGHT
+    args.width = args.width or default_model.DEFAULT_WIDTH
+    args.steps = args.steps or default_model.DEFAULT_STEPS
+    if args.guidance_scale is None:
+        args.guidance_scale = default_model.DEFAULT_GUIDANCE
+    return str(default_model.weights_path())
+
+
+def generate_command(args) -> None:
+    from .distributed.launch import launch
+    from .models.info import ModelInfo
+    from .output import check_output_path
+    from .runner import GenerateJob, run_generate
+
+    model = args.model or _default_model_settings(args)
+    config = ParallelConfig(
+        data_parallel_degree=args.data_parallel_degree, cfg_degree=2 if args.use_cfg_parallel else 1,
+        pipefusion_parallel_degree=args.pipefusion_parallel_degree, ring_degree=args.ring_degree,
+        ulysses_degree=args.ulysses_degree,
+    )
+    config.validate()
+    prompts = args.prompt or ["a red circle on a white background"]
+    extra = {} if args.max_sequence_length is None else {"max_sequence_length": args.max_sequence_length}
+    request = GenerateRequest(
+        prompt=prompts, negative_prompt=args.negative_prompt, height=args.height, width=args.width,
+        num_inference_steps=args.steps, guidance_scale=args.guidance_scale, seed=args.seed,
+        num_images_per_prompt=args.num_images_per_prompt, extra=extra,
+    )
+    # Everything that can be checked without weights is checked here, before any rank starts.
+    info = ModelInfo.from_pretrained(model)
+    height, width = request.height or info.default_size, request.width or info.default_size
+    info.check(config, height, width)
+    check_output_path(args.output, len(prompts) * args.num_images_per_prompt)
+    launch(run_generate, GenerateJob(model, config, request, args.output, args.dtype, args.verbose), config.world_size)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            generate_command(args)
+    except ConfigError as exc:
+        print(f"meshdit: error: {exc}", file=sys.stderr)
+        return 2
+    except RankFailedError as exc:
+        print(f"meshdit: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("meshdit: interrupted; all ranks stopped", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

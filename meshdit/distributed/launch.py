@@ -1,0 +1,86 @@
+"""Starting ranks: spawn them on this machine, or join a world torchrun already made.
+
+Whatever happens on one rank ends all of them promptly: a rank that raises, a
+rank that dies, or Ctrl-C. The error names the rank.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Any, Callable
+
+import torch.multiprocessing as mp
+
+from ..errors import ConfigError, RankFailedError
+
+
+def under_torchrun() -> bool:
+    """True when torchrun (or another launcher) has set up this process as one rank."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+
+
+def launch(entry: Callable[[Any], None], payload: Any, world_size: int) -> None:
+    """Runs entry(payload) on `world_size` ranks and returns when every rank has finished.
+
+    Under torchrun this process is one of the ranks, and the world must already
+    have `world_size` ranks. Otherwise ranks are spawned here (one process
+    in-place when world_size is 1).
+    """
+    if under_torchrun():
+        have = int(os.environ["WORLD_SIZE"])
+        if have != world_size:
+            raise ConfigError(
+                f"torchrun started {have} ranks but the degrees multiply to {world_size}: change "
+                f"--nproc-per-node/--nnodes so that they give {world_size} ranks, or change the degrees.")
+        entry(payload)
+        return
+    if world_size == 1:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        entry(payload)
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = os.environ.get("MASTER_PORT") or str(_free_port())
+    context = mp.start_processes(_rank_main, args=(world_size, entry, payload), nprocs=world_size, join=False,
+                                 start_method="spawn")
+    try:
+        while not context.join(timeout=0.5):
+            pass
+    except mp.ProcessRaisedException as exc:
+        raise RankFailedError(f"rank {exc.error_index} failed:\n{exc}") from None
+    except mp.ProcessExitedException as exc:
+        raise RankFailedError(f"rank {exc.error_index} died ({exc}); the other ranks were stopped") from None
+    except KeyboardInterrupt:
+        for proc in context.processes:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in context.processes:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+        raise
+
+
+def _rank_main(rank: int, world_size: int, entry: Callable[[Any], None], payload: Any) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    try:
+        entry(payload)
+    except KeyboardInterrupt:
+        os._exit(130)
+    except BaseException:
+        # torch's spawn wrapper records the traceback for the parent; print it here too
+        # so a user watching stderr sees which rank failed and why.
+        sys.stderr.write(f"[rank {rank}] " + traceback.format_exc())
+        sys.stderr.flush()
+        raise
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return  # gloo can abort in interpreter teardown; entry() already tore the group down
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,1 @@
+"""Per-family model plans and the registry that finds them (imports are lazy)."""

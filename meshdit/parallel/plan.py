@@ -1,0 +1,43 @@
+"""Declarative per-model plans: what to split, what to gather, what each attention sees.
+
+A plan names modules by their path inside the transformer ("" is the
+transformer itself) and never touches model code: shared hooks apply it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+OUTPUT = "<output>"
+"""Split.arg value meaning: split the module's output, not an input."""
+
+LOCAL = "local"
+"""Attention value meaning: no communication (e.g. cross-attention to replicated text)."""
+
+
+@dataclass(frozen=True)
+class Split:
+    """Shard a tensor along the sequence across the SP ranks, as token stream `stream`."""
+
+    module: str
+    arg: str  # forward argument name, or OUTPUT
+    dim: int  # sequence dim (negative counts from the end, so batched and unbatched ids both work)
+    stream: str  # e.g. "img", "txt": attention layers name the streams their sequence holds
+
+
+@dataclass(frozen=True)
+class Gather:
+    """Reassemble a module's output (sharded as `stream`) on every SP rank."""
+
+    module: str
+    dim: int
+    stream: str
+
+
+@dataclass(frozen=True)
+class SequencePlan:
+    splits: tuple[Split, ...]
+    gathers: tuple[Gather, ...]
+    attention: dict[str, tuple[str, ...] | str] = field(default_factory=dict)
+    """Glob over attention module paths -> the streams their q/k/v sequence
+    concatenates (any order), or LOCAL. First match wins; every attention module
+    in the transformer must match one glob."""

@@ -1,0 +1,170 @@
+"""Sequence parallelism (Ulysses, Ring, USP) applied to an unmodified diffusers transformer.
+
+Hooks shard the plan's inputs across the SP ranks, mark each attention module
+with the token streams its sequence holds, and gather the plan's outputs. Inside
+a marked module, torch's scaled_dot_product_attention (which every diffusers
+attention processor ends in) is routed to USP attention; everywhere else it is
+untouched.
+"""
+from __future__ import annotations
+
+import contextvars
+import fnmatch
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..attention.usp import SequenceGroups, usp_attention
+from ..distributed.comm import all_gather_uneven, split_sizes
+from ..distributed.mesh import ParallelMesh
+from .plan import LOCAL, OUTPUT, SequencePlan
+
+
+def sequence_groups(mesh: ParallelMesh) -> SequenceGroups:
+    return SequenceGroups(
+        ulysses_group=mesh.group("ulysses"), ulysses_size=mesh.size("ulysses"),
+        ring_group=mesh.group("ring"), ring_size=mesh.size("ring"),
+    )
+
+
+@dataclass
+class _SequenceState:
+    groups: SequenceGroups
+    sp_group: dist.ProcessGroup
+    sp_rank: int
+    sp_size: int
+    stream_lens: dict[str, list[int]] = field(default_factory=dict)
+    """Per-SP-rank token counts of each stream, recorded when the stream is split."""
+
+    def split(self, x: torch.Tensor, dim: int, stream: str) -> torch.Tensor:
+        total = x.shape[dim]
+        self.stream_lens[stream] = split_sizes(total, self.sp_size)
+        return x.tensor_split(self.sp_size, dim=dim)[self.sp_rank]
+
+    def gather(self, x: torch.Tensor, dim: int, stream: str) -> torch.Tensor:
+        return all_gather_uneven(x, dim, self.lens(stream), self.sp_group)
+
+    def lens(self, stream: str) -> list[int]:
+        if stream not in self.stream_lens:
+            raise RuntimeError(f"sequence-parallel plan error: stream {stream!r} was never split")
+        return self.stream_lens[stream]
+
+
+@dataclass
+class _ActiveAttention:
+    state: _SequenceState
+    streams: tuple[str, ...]
+    module_name: str
+
+    def __call__(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                 enable_gqa=False):
+        if attn_mask is not None or dropout_p or is_causal or enable_gqa:
+            raise NotImplementedError(
+                f"{self.module_name}: sequence parallelism supports unmasked, non-causal attention "
+                "without dropout or grouped K/V; run this model with ulysses/ring degree 1."
+            )
+        per_rank = [sum(lens) for lens in zip(*(self.state.lens(s) for s in self.streams))]
+        if query.shape[-2] != per_rank[self.state.sp_rank] or key.shape[-2] != query.shape[-2]:
+            raise RuntimeError(
+                f"{self.module_name}: expected {per_rank[self.state.sp_rank]} local tokens of streams "
+                f"{self.streams}, got q {tuple(query.shape)} k {tuple(key.shape)}: the model plan is wrong"
+            )
+        return usp_attention(query, key, value, self.state.groups, per_rank, scale, _local_attention)
+
+
+def _local_attention(q, k, v, scale):
+    return _ORIGINAL_SDPA(q, k, v, scale=scale)
+
+
+_ACTIVE: contextvars.ContextVar[_ActiveAttention | None] = contextvars.ContextVar("meshdit_sp_attention",
+                                                                                 default=None)
+_ORIGINAL_SDPA = F.scaled_dot_product_attention
+
+
+def _routed_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
+    active = _ACTIVE.get()
+    if active is None:
+        return _ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                              is_causal=is_causal, scale=scale, **kwargs)
+    return active(query, key, value, attn_mask, dropout_p, is_causal, scale, **kwargs)
+
+
+def _install_sdpa_router() -> None:
+    # Every diffusers processor looks the function up on torch.nn.functional at
+    # call time, so routing it here covers them all without copying any.
+    torch.nn.functional.scaled_dot_product_attention = _routed_sdpa
+
+
+def _named_inputs(module, args, kwargs):
+    bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
+    return dict(bound.arguments)
+
+
+def apply_sequence_parallel(transformer: torch.nn.Module, plan: SequencePlan, mesh: ParallelMesh) -> list:
+    """Hooks `plan` into `transformer`; returns the hook handles (remove() undoes it)."""
+    sp_group = mesh.group("sp")
+    state = _SequenceState(sequence_groups(mesh), sp_group, dist.get_rank(sp_group), dist.get_world_size(sp_group))
+    modules = dict(transformer.named_modules())
+    handles = []
+    _install_sdpa_router()
+
+    for split in plan.splits:
+        module = _find(modules, split.module)
+        if split.arg == OUTPUT:
+            def split_output(_mod, _args, out, split=split):
+                return state.split(out, split.dim, split.stream)
+            handles.append(module.register_forward_hook(split_output))
+        else:
+            def split_input(mod, args, kwargs, split=split):
+                named = _named_inputs(mod, args, kwargs)
+                if named.get(split.arg) is not None:
+                    named[split.arg] = state.split(named[split.arg], split.dim, split.stream)
+                return (), named
+            handles.append(module.register_forward_pre_hook(split_input, with_kwargs=True))
+
+    for gather in plan.gathers:
+        def gather_output(_mod, _args, out, gather=gather):
+            return state.gather(out, gather.dim, gather.stream)
+        handles.append(_find(modules, gather.module).register_forward_hook(gather_output))
+
+    for name, module in modules.items():
+        if not _is_attention(module):
+            continue
+        streams = _match(plan.attention, name)
+        if streams == LOCAL:
+            continue
+        active = _ActiveAttention(state, tuple(streams), name)
+
+        def enter(_mod, _args, active=active):
+            _mod._meshdit_sp_token = _ACTIVE.set(active)
+
+        def leave(_mod, _args, _out):
+            token = getattr(_mod, "_meshdit_sp_token", None)
+            if token is not None:
+                _ACTIVE.reset(token)
+                _mod._meshdit_sp_token = None
+
+        handles.append(module.register_forward_pre_hook(enter))
+        handles.append(module.register_forward_hook(leave, always_call=True))
+    return handles
+
+
+def _is_attention(module: torch.nn.Module) -> bool:
+    # diffusers' attention modules carry a processor that does the actual attention
+    return hasattr(module, "processor") and hasattr(module, "set_processor")
+
+
+def _find(modules: dict, path: str) -> torch.nn.Module:
+    if path not in modules:
+        raise RuntimeError(f"sequence-parallel plan names module {path!r}, which this transformer lacks")
+    return modules[path]
+
+
+def _match(attention: dict, name: str):
+    for pattern, streams in attention.items():
+        if fnmatch.fnmatchcase(name, pattern):
+            return streams
+    raise RuntimeError(f"sequence-parallel plan does not say which tokens attention module {name!r} sees")

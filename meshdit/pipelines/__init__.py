@@ -1,0 +1,1 @@
+"""Denoising-loop recipes per pipeline family, built on public diffusers pipeline methods."""

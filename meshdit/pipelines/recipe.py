@@ -1,0 +1,106 @@
+"""The recipe interface: what a pipeline family contributes to the engine's denoising loop.
+
+A recipe calls the pipeline's own public pieces (encode_prompt, prepare_latents,
+the scheduler, the VAE) and never copies its __call__. The loop itself lives in
+loop.py so that strategies (CFG parallel, PipeFusion, ...) can reorder the work.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import GenerateRequest
+
+COND, UNCOND = "cond", "uncond"
+
+
+@dataclass
+class DenoiseState:
+    """Everything one generation's loop needs, prepared once."""
+
+    latents: torch.Tensor  # the family's latent layout, e.g. Flux [B, S, C], SD3 [B, C, h, w]
+    timesteps: torch.Tensor  # [steps]
+    branches: dict[str, dict]  # branch -> transformer kwargs fixed for the whole loop (text embeddings, ids)
+    guidance_scale: float
+    height: int
+    width: int
+    extra: dict = field(default_factory=dict)  # family-specific values
+
+    @property
+    def branch_names(self) -> list[str]:
+        return list(self.branches)
+
+
+class Recipe:
+    """Base: subclasses fill in prepare / model_inputs / decode_latents; the rest is shared."""
+
+    default_steps = 28
+    default_guidance = 7.0
+
+    def __init__(self, pipe) -> None:
+        self.pipe = pipe
+
+    # -- preparation -------------------------------------------------------
+    def prepare(self, request: GenerateRequest, generator: torch.Generator, device: torch.device) -> DenoiseState:
+        raise NotImplementedError
+
+    def size(self, request: GenerateRequest) -> tuple[int, int]:
+        sample_size = getattr(self.pipe, "default_sample_size", None) or self.pipe.transformer.config.sample_size
+        default = sample_size * self.pipe.vae_scale_factor
+        return request.height or default, request.width or default
+
+    # -- one step ----------------------------------------------------------
+    def model_inputs(self, state: DenoiseState, latents: torch.Tensor, t: torch.Tensor, branch: str) -> dict:
+        """Keyword arguments of one transformer call for `branch` at timestep t."""
+        raise NotImplementedError
+
+    def predict(self, state: DenoiseState, latents: torch.Tensor, t: torch.Tensor,
+                branches: list[str]) -> dict[str, torch.Tensor]:
+        """Noise prediction per branch; branches that take batched inputs run as one call."""
+        calls = [self.model_inputs(state, latents, t, b) for b in branches]
+        if len(calls) > 1 and self.batch_branches:
+            merged = _cat_batch(calls)
+            out = self.pipe.transformer(**merged, return_dict=False)[0]
+            preds = dict(zip(branches, out.chunk(len(branches))))
+        else:
+            preds = {b: self.pipe.transformer(**kw, return_dict=False)[0] for b, kw in zip(branches, calls)}
+        return {b: self.postprocess_prediction(state, p) for b, p in preds.items()}
+
+    batch_branches = False
+    """Run cond and uncond as one batched call, as the diffusers pipeline does."""
+
+    def postprocess_prediction(self, state: DenoiseState, pred: torch.Tensor) -> torch.Tensor:
+        return pred
+
+    def guide(self, state: DenoiseState, preds: dict[str, torch.Tensor]) -> torch.Tensor:
+        if UNCOND not in preds:
+            return preds[COND]
+        return preds[UNCOND] + state.guidance_scale * (preds[COND] - preds[UNCOND])
+
+    def step(self, state: DenoiseState, noise_pred: torch.Tensor, t: torch.Tensor,
+             latents: torch.Tensor) -> torch.Tensor:
+        return self.pipe.scheduler.step(noise_pred, t, latents, return_dict=False)[0]
+
+    # -- output ------------------------------------------------------------
+    def decode_latents(self, state: DenoiseState, latents: torch.Tensor) -> torch.Tensor:
+        """Final latents -> what the pipeline passes to vae.decode ([B, C, h, w])."""
+        raise NotImplementedError
+
+
+def _cat_batch(calls: list[dict]) -> dict:
+    """Concatenate per-branch kwargs along the batch dim (tensors with a batch dim only)."""
+    merged = {}
+    for key, first in calls[0].items():
+        values = [c[key] for c in calls]
+        if isinstance(first, torch.Tensor) and first.dim() > 0 and not _is_unbatched(key):
+            merged[key] = torch.cat(values)
+        elif isinstance(first, dict):
+            merged[key] = _cat_batch(values) if first else first
+        else:
+            merged[key] = first
+    return merged
+
+
+def _is_unbatched(key: str) -> bool:
+    return key in ("img_ids", "txt_ids")  # Flux: [S, 3] ids without a batch dim

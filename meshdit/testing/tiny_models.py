@@ -1,0 +1,143 @@
+"""Tiny random-weight diffusers pipelines built in code (no downloads), for tests and benchmarks.
+
+Each builder seeds torch, so the same call gives the same weights in every process.
+Sizes are chosen so that the head count (4) allows Ulysses 4, while token counts
+at the test resolutions do not all divide by the degrees.
+"""
+from __future__ import annotations
+
+import string
+
+import torch
+
+_WORDS = "a an the of on in at to and with red green blue yellow white black cat dog circle square".split()
+
+
+def clip_tokenizer(max_length: int = 77):
+    from transformers import CLIPTokenizer
+
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for piece in list(string.ascii_lowercase + string.digits + ",.") :
+        vocab[piece] = len(vocab)
+        vocab[piece + "</w>"] = len(vocab)
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=max_length)
+
+
+def t5_tokenizer():
+    from transformers import T5Tokenizer
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
+    pieces += [("▁" + w, -1.0) for w in _WORDS]
+    pieces += [(c, -3.0) for c in string.ascii_lowercase + string.digits + ",."] + [("▁", -2.0)]
+    return T5Tokenizer(vocab=pieces)
+
+
+def clip_text_model(hidden: int = 16, projection: int = 16, with_projection: bool = False):
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    cfg = CLIPTextConfig(
+        vocab_size=80, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+        num_attention_heads=2, max_position_embeddings=77, projection_dim=projection,
+        bos_token_id=0, eos_token_id=1, pad_token_id=1,
+    )
+    return (CLIPTextModelWithProjection if with_projection else CLIPTextModel)(cfg).eval()
+
+
+def t5_text_model(d_model: int = 32):
+    from transformers import T5Config, T5EncoderModel
+
+    cfg = T5Config(vocab_size=80, d_model=d_model, d_ff=2 * d_model, d_kv=8, num_layers=2, num_heads=4,
+                   relative_attention_num_buckets=8)
+    return T5EncoderModel(cfg).eval()
+
+
+def tiny_vae(latent_channels: int = 4, scaling_factor: float = 0.6, shift_factor: float | None = 0.1):
+    from diffusers import AutoencoderKL
+
+    kwargs = dict(
+        block_out_channels=(8, 16), layers_per_block=1, latent_channels=latent_channels, norm_num_groups=8,
+        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+        sample_size=32, scaling_factor=scaling_factor, shift_factor=shift_factor,
+    )
+    return AutoencoderKL(**kwargs).eval()
+
+
+def tiny_flux_pipeline(seed: int = 0, heads: int = 4, guidance_embeds: bool = False):
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+
+    torch.manual_seed(seed)
+    transformer = FluxTransformer2DModel(
+        in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=heads,
+        joint_attention_dim=32, pooled_projection_dim=16, guidance_embeds=guidance_embeds, axes_dims_rope=(4, 6, 6),
+    ).eval()
+    return FluxPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True), vae=tiny_vae(),
+        text_encoder=clip_text_model(), tokenizer=clip_tokenizer(), text_encoder_2=t5_text_model(32),
+        tokenizer_2=t5_tokenizer(), transformer=transformer,
+    )
+
+
+def tiny_flux2_pipeline(seed: int = 0):
+    """Flux2Pipeline without its Mistral text encoder: generate with prompt_embeds."""
+    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Pipeline, Flux2Transformer2DModel
+
+    torch.manual_seed(seed)
+    transformer = Flux2Transformer2DModel(
+        in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=4,
+        joint_attention_dim=32, timestep_guidance_channels=32, mlp_ratio=2.0, axes_dims_rope=(4, 4, 4, 4),
+    ).eval()
+    vae = AutoencoderKLFlux2(
+        block_out_channels=(8, 16), layers_per_block=1, latent_channels=4, norm_num_groups=8,
+        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2, sample_size=32,
+    ).eval()
+    return Flux2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True), vae=vae,
+                         text_encoder=None, tokenizer=None, transformer=transformer)
+
+
+def tiny_sd3_pipeline(seed: int = 0, sd35: bool = True):
+    """SD3 (sd35=False) or SD3.5-shaped: dual attention layers and RMS qk-norm."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+
+    torch.manual_seed(seed)
+    transformer = SD3Transformer2DModel(
+        sample_size=16, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=4,
+        joint_attention_dim=32, caption_projection_dim=32, pooled_projection_dim=32, out_channels=4,
+        pos_embed_max_size=32, dual_attention_layers=(0,) if sd35 else (), qk_norm="rms_norm" if sd35 else None,
+    ).eval()
+    return StableDiffusion3Pipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=tiny_vae(),
+        text_encoder=clip_text_model(with_projection=True), tokenizer=clip_tokenizer(),
+        text_encoder_2=clip_text_model(with_projection=True), tokenizer_2=clip_tokenizer(),
+        text_encoder_3=t5_text_model(32), tokenizer_3=t5_tokenizer(), transformer=transformer,
+    )
+
+
+def tiny_pixart_pipeline(seed: int = 0, variant: str = "sigma"):
+    from diffusers import (DPMSolverMultistepScheduler, PixArtAlphaPipeline, PixArtSigmaPipeline,
+                           PixArtTransformer2DModel)
+
+    torch.manual_seed(seed)
+    transformer = PixArtTransformer2DModel(
+        sample_size=16, num_layers=2, patch_size=2, attention_head_dim=8, num_attention_heads=4,
+        caption_channels=32, in_channels=4, cross_attention_dim=32, out_channels=8, attention_bias=True,
+        activation_fn="gelu-approximate", num_embeds_ada_norm=1000, norm_type="ada_norm_single",
+        norm_elementwise_affine=False, norm_eps=1e-6,
+    ).eval()
+    cls = PixArtSigmaPipeline if variant == "sigma" else PixArtAlphaPipeline
+    return cls(tokenizer=t5_tokenizer(), text_encoder=t5_text_model(32), vae=tiny_vae(shift_factor=None),
+               transformer=transformer, scheduler=DPMSolverMultistepScheduler())
+
+
+BUILDERS = {
+    "flux": tiny_flux_pipeline,
+    "flux2": tiny_flux2_pipeline,
+    "sd3": lambda seed=0: tiny_sd3_pipeline(seed, sd35=False),
+    "sd35": tiny_sd3_pipeline,
+    "pixart-sigma": tiny_pixart_pipeline,
+    "pixart-alpha": lambda seed=0: tiny_pixart_pipeline(seed, "alpha"),
+}
+
+
+def tiny_pipeline(name: str, seed: int = 0):
+    """A tiny pipeline by family name (see BUILDERS)."""
+    return BUILDERS[name](seed=seed)

@@ -1,0 +1,44 @@
+"""Jobs the sequence-parallel tests run on every rank of the pool (module-level: they are pickled)."""
+import torch
+
+from meshdit.config import GenerateRequest, ParallelConfig
+from meshdit.engine import Engine
+from meshdit.pipelines.recipe import COND
+from meshdit.testing.rank_pool import mesh_for
+from meshdit.testing.tiny_models import tiny_flux_pipeline, tiny_pipeline
+
+_PIPES: dict = {}
+MAX_SEQ = 6  # text tokens: 6 (Flux), 77 + 6 = 83 (SD3): not divisible by 4
+
+
+def pipeline(name: str):
+    if name not in _PIPES:
+        _PIPES[name] = tiny_flux_pipeline(heads=6) if name == "flux-6heads" else tiny_pipeline(name)
+        _PIPES[name].set_progress_bar_config(disable=True)
+    return _PIPES[name]
+
+
+def request(name: str, height: int, width: int, seed: int = 3, steps: int = 2) -> GenerateRequest:
+    extra = {"max_sequence_length": MAX_SEQ}
+    if name == "flux2":  # tiny Flux2 has no text encoder: fixed prompt embeddings
+        extra["prompt_embeds"] = torch.randn(1, 5, 32, generator=torch.Generator().manual_seed(7))
+    guidance = 3.0 if name.startswith("flux") and name != "flux2" else None  # true CFG for Flux
+    return GenerateRequest(prompt="a red cat on a blue square", height=height, width=width,
+                           num_inference_steps=steps, seed=seed, guidance_scale=guidance, extra=extra)
+
+
+def generate(name: str, ring: int, ulysses: int, height: int, width: int, seed: int = 3):
+    """Returns (transformer output at the first step, final image) computed over the mesh."""
+    pipe = pipeline(name)
+    mesh = mesh_for(ParallelConfig(ring_degree=ring, ulysses_degree=ulysses)) if ring * ulysses > 1 else None
+    engine = Engine(pipe, mesh)
+    try:
+        req = request(name, height, width, seed)
+        with torch.inference_mode():
+            state = engine.recipe.prepare(req, torch.Generator().manual_seed(seed), torch.device("cpu"))
+            inputs = engine.recipe.model_inputs(state, state.latents, state.timesteps[0], COND)
+            transformer_out = pipe.transformer(**inputs, return_dict=False)[0]
+        image = engine.generate(req).images
+        return transformer_out, image
+    finally:
+        engine.close()

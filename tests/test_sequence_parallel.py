@@ -1,0 +1,58 @@
+"""Ulysses, Ring and USP on every model family: N ranks equal one process (fp32)."""
+import numpy as np
+import pytest
+import torch
+
+from tests import sp_jobs
+
+LAYOUTS = [(1, 2), (2, 1), (2, 2), (1, 4), (4, 1)]  # (ring, ulysses)
+SIZES = [(32, 32), (32, 48), (36, 44)]  # square, non-square, 9x11 = 99 tokens: divides by neither 2 nor 4
+FAMILIES = ["flux", "flux2", "sd35", "pixart-sigma"]
+
+_REFERENCE: dict = {}
+
+
+def reference(name, height, width, seed=3):
+    key = (name, height, width, seed)
+    if key not in _REFERENCE:
+        _REFERENCE[key] = sp_jobs.generate(name, 1, 1, height, width, seed)
+    return _REFERENCE[key]
+
+
+def assert_equal_to_reference(results, ref):
+    ref_out, ref_image = ref
+    for rank, (out, image) in enumerate(results):
+        tol_out = 1e-5 * ref_out.abs().max().item()
+        assert (out - ref_out).abs().max().item() <= tol_out, f"rank {rank}: transformer output differs"
+        tol_img = 1e-5 * float(np.abs(ref_image).max())
+        assert float(np.abs(image - ref_image).max()) <= tol_img, f"rank {rank}: image differs"
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"r{l[0]}u{l[1]}")
+@pytest.mark.parametrize("name", FAMILIES)
+def test_layout_equals_single_process(run_ranks, name, layout, size):
+    ring, ulysses = layout
+    results = run_ranks(ring * ulysses, sp_jobs.generate, name, ring, ulysses, *size)
+    assert_equal_to_reference(results, reference(name, *size))
+
+
+@pytest.mark.parametrize("name", ["sd3", "pixart-alpha"])
+def test_other_pipelines_of_the_families(run_ranks, name):
+    results = run_ranks(4, sp_jobs.generate, name, 2, 2, 36, 44)
+    assert_equal_to_reference(results, reference(name, 36, 44))
+
+
+@pytest.mark.parametrize("layout", [(1, 4), (2, 2)], ids=["u4", "r2u2"])
+def test_heads_not_divisible_by_ulysses(run_ranks, layout):
+    """6 heads over 4 Ulysses ranks: uneven head shards [2, 2, 1, 1], still exact."""
+    results = run_ranks(4, sp_jobs.generate, "flux-6heads", *layout, 36, 44)
+    assert_equal_to_reference(results, reference("flux-6heads", 36, 44))
+
+
+def test_same_seed_same_image_and_seed_matters(run_ranks):
+    a = run_ranks(2, sp_jobs.generate, "flux", 2, 1, 32, 32, 11)[0][1]
+    b = run_ranks(4, sp_jobs.generate, "flux", 2, 2, 32, 32, 11)[0][1]
+    c = run_ranks(2, sp_jobs.generate, "flux", 1, 2, 32, 32, 12)[0][1]
+    assert np.abs(a - b).max() <= 1e-5
+    assert np.abs(a - c).max() > 1e-3  # a different seed draws a different image
