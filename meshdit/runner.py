@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from .config import GenerateRequest, ParallelConfig
-from .distributed.mesh import ParallelMesh, init_distributed, teardown_distributed
+from .distributed.mesh import ParallelMesh, init_distributed
 from .engine import Engine
 from .logs import quiet_libraries
 from .output import save_images
@@ -28,26 +28,24 @@ class GenerateJob:
 
 
 def run_generate(job: GenerateJob) -> None:
+    """One rank's work; the launcher tears the process group down afterwards."""
     quiet_libraries(job.verbose)
     device = init_distributed()
-    try:
-        # ranks on one machine share its cores
-        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
-        mesh = ParallelMesh.build(job.config, device)
-        start = time.perf_counter()
-        engine = Engine.from_pretrained(job.model, mesh, DTYPES.get(job.dtype) if job.dtype else None)
-        load_s = time.perf_counter() - start
-        result = engine.generate(job.request, output_type="np", show_progress=mesh.is_output_rank)
-        if mesh.is_output_rank:
-            paths = save_images(result.images, job.output)
-            s = result.seconds
-            height, width = result.images.shape[1:3]
-            print(f"meshdit: {len(paths)} image(s) {width}x{height}, {job.request.num_inference_steps or 'default'} "
-                  f"steps, layout {job.config.describe()} on {dist.get_world_size()} rank(s) ({device.type}): "
-                  f"{s['total']:.2f} s (prepare {s['prepare']:.2f}, denoise {s['denoise']:.2f}, "
-                  f"decode {s['decode']:.2f}; model load {load_s:.2f} s)")
-            for path in paths:
-                print(f"meshdit: wrote {path}")
-    finally:
-        teardown_distributed()
+    # ranks on one machine share its cores
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
+    mesh = ParallelMesh.build(job.config, device)
+    start = time.perf_counter()
+    engine = Engine.from_pretrained(job.model, mesh, DTYPES.get(job.dtype) if job.dtype else None)
+    load_s = time.perf_counter() - start
+    result = engine.generate(job.request, output_type="np", show_progress=mesh.is_output_rank)
+    if mesh.is_output_rank:
+        paths = save_images(result.images, job.output)
+        s = result.seconds
+        height, width = result.images.shape[1:3]
+        print(f"meshdit: {len(paths)} image(s) {width}x{height}, {job.request.num_inference_steps or 'default'} "
+              f"steps, layout {job.config.describe()} on {dist.get_world_size()} rank(s) ({device.type}): "
+              f"{s['total']:.2f} s (prepare {s['prepare']:.2f}, denoise {s['denoise']:.2f}, "
+              f"decode {s['decode']:.2f}; model load {load_s:.2f} s)")
+        for path in paths:
+            print(f"meshdit: wrote {path}")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
+import time
 import traceback
 from typing import Any, Callable
 
@@ -33,23 +35,22 @@ def launch(entry: Callable[[Any], None], payload: Any, world_size: int) -> None:
             raise ConfigError(
                 f"torchrun started {have} ranks but the degrees multiply to {world_size}: change "
                 f"--nproc-per-node/--nnodes so that they give {world_size} ranks, or change the degrees.")
-        entry(payload)
+        _run_rank(entry, payload)
         return
     if world_size == 1:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-        entry(payload)
+        _run_rank(entry, payload)
         return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = os.environ.get("MASTER_PORT") or str(_free_port())
-    context = mp.start_processes(_rank_main, args=(world_size, entry, payload), nprocs=world_size, join=False,
-                                 start_method="spawn")
+    failures = tempfile.mkdtemp(prefix="meshdit-failures-")
+    context = mp.start_processes(_rank_main, args=(world_size, entry, payload, failures), nprocs=world_size,
+                                 join=False, start_method="spawn")
     try:
         while not context.join(timeout=0.5):
             pass
-    except mp.ProcessRaisedException as exc:
-        raise RankFailedError(f"rank {exc.error_index} failed:\n{exc}") from None
-    except mp.ProcessExitedException as exc:
-        raise RankFailedError(f"rank {exc.error_index} died ({exc}); the other ranks were stopped") from None
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+        raise RankFailedError(_first_failure(failures, exc)) from None
     except KeyboardInterrupt:
         for proc in context.processes:
             if proc.is_alive():
@@ -61,21 +62,53 @@ def launch(entry: Callable[[Any], None], payload: Any, world_size: int) -> None:
         raise
 
 
-def _rank_main(rank: int, world_size: int, entry: Callable[[Any], None], payload: Any) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+def _run_rank(entry: Callable[[Any], None], payload: Any, failures: str | None = None) -> None:
+    """entry(payload) on this rank; a failure is recorded (time-stamped, before teardown) and re-raised."""
+    from .mesh import teardown_distributed
+
+    rank = os.environ.get("RANK", "0")
     try:
         entry(payload)
     except KeyboardInterrupt:
-        os._exit(130)
-    except BaseException:
-        # torch's spawn wrapper records the traceback for the parent; print it here too
-        # so a user watching stderr sees which rank failed and why.
-        sys.stderr.write(f"[rank {rank}] " + traceback.format_exc())
-        sys.stderr.flush()
         raise
-    sys.stdout.flush()
-    sys.stderr.flush()
-    return  # gloo can abort in interpreter teardown; entry() already tore the group down
+    except BaseException:
+        failed_at = time.time()
+        text = traceback.format_exc()
+        sys.stderr.write(f"[rank {rank}] {text}")
+        sys.stderr.flush()
+        if failures:
+            with open(os.path.join(failures, f"rank{rank}"), "w") as f:
+                f.write(f"{failed_at!r}\n{text}")
+        raise
+    finally:
+        teardown_distributed()
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _rank_main(rank: int, world_size: int, entry: Callable[[Any], None], payload: Any, failures: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    try:
+        _run_rank(entry, payload, failures)
+    except KeyboardInterrupt:
+        os._exit(130)
+
+
+def _first_failure(failures: str, exc: Exception) -> str:
+    """Names the rank that failed first: the others usually fail because it left their collectives."""
+    time.sleep(0.5)  # let ranks that fail in consequence write their records
+    records = []
+    for name in os.listdir(failures):
+        with open(os.path.join(failures, name)) as f:
+            stamp, _, text = f.read().partition("\n")
+        records.append((float(stamp), int(name[4:]), text))
+    if not records:
+        return f"rank {getattr(exc, 'error_index', '?')} died ({exc}); the other ranks were stopped"
+    records.sort()
+    _, rank, text = records[0]
+    others = sorted(r for _, r, _ in records[1:])
+    also = f" (ranks {others} failed after it)" if others else ""
+    return f"rank {rank} failed first{also}; the other ranks were stopped:\n{text.rstrip()}"
 
 
 def _free_port() -> int:

@@ -1,0 +1,123 @@
+"""`meshdit generate` end to end: output files, aliases, torchrun, early errors, failing ranks, Ctrl-C."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from meshdit.config import ParallelConfig
+from meshdit.errors import ConfigError
+from meshdit.testing.tiny_models import tiny_pipeline
+
+CLI = [sys.executable, "-m", "meshdit", "generate"]
+
+
+@pytest.fixture(scope="module")
+def tiny_flux_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("models") / "tiny-flux"
+    tiny_pipeline("flux").save_pretrained(path)
+    return str(path)
+
+
+def run_cli(args, timeout=120, env=None):
+    start = time.monotonic()
+    proc = subprocess.run(CLI + args, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+    return proc, time.monotonic() - start
+
+
+def test_generate_png_with_xdit_aliases(tiny_flux_dir, tmp_path):
+    out = tmp_path / "img.png"
+    proc, _ = run_cli(["--model", tiny_flux_dir, "--prompt", "a red cat", "--height", "36", "--width", "44",
+                       "--num_inference_steps", "2", "--ulysses_degree", "2", "--output", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    assert Image.open(out).size == (44, 36)
+    assert "layout ulysses2 on 2 rank(s)" in proc.stdout
+
+
+def test_npy_output_same_under_torchrun_as_serial(tiny_flux_dir, tmp_path):
+    common = ["--model", tiny_flux_dir, "--prompt", "a red cat", "--height", "32", "--width", "32", "--steps", "2",
+              "--guidance-scale", "2.5"]
+    serial, par = tmp_path / "serial.npy", tmp_path / "par.npy"
+    proc, _ = run_cli(common + ["--output", str(serial)])
+    assert proc.returncode == 0, proc.stderr
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "meshdit", "generate"]
+    proc = subprocess.run(torchrun + common + ["--ring-degree", "2", "--output", str(par)], capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    a, b = np.load(serial), np.load(par)
+    assert a.shape == (32, 32, 3) and a.dtype == np.float32 and 0 <= a.min() and a.max() <= 1
+    assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
+
+
+def test_degrees_that_do_not_match_world_size_are_refused():
+    with pytest.raises(ConfigError, match="multiply to 4 .* world has 3 ranks"):
+        ParallelConfig(ulysses_degree=2, ring_degree=2).validate(world_size=3)
+
+
+def test_torchrun_world_of_three_for_ulysses2_ring2_fails_before_ranks_start(tiny_flux_dir, tmp_path):
+    env = {"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0"}
+    proc, _ = run_cli(["--model", tiny_flux_dir, "--ulysses-degree", "2", "--ring-degree", "2", "--height", "32",
+                       "--width", "32", "--output", str(tmp_path / "x.png")], env=env)
+    assert proc.returncode == 2
+    assert "torchrun started 3 ranks but the degrees multiply to 4" in proc.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--ulysses-degree", "8"], "exceeds the model's 4 attention heads: use --ulysses-degree <= 4"),
+    (["--height", "34"], "height 34 cannot be split into this model's patches: it must be a multiple of 4"),
+    (["--ring-degree", "2", "--pipefusion-parallel-degree", "2"], "PipeFusion is not yet supported"),
+    (["--prompt", "a", "--prompt", "b"], "has no {i}"),
+], ids=["ulysses-above-heads", "height", "unsupported-axis", "output-pattern"])
+def test_bad_configuration_fails_before_ranks_start(tiny_flux_dir, tmp_path, args, message):
+    base = ["--model", tiny_flux_dir, "--height", "32", "--width", "32", "--output", str(tmp_path / "x.png")]
+    proc, _ = run_cli(base + args)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "rank" not in proc.stderr.replace("ranks:", "")  # no rank was started
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_missing_model_is_a_clear_error(tmp_path):
+    proc, _ = run_cli(["--model", str(tmp_path / "nope"), "--output", str(tmp_path / "x.png")],
+                      env={"HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 2 and "was not found" in proc.stderr
+
+
+def test_rank_failing_mid_generation_ends_every_rank_promptly(tiny_flux_dir, tmp_path):
+    proc, seconds = run_cli(["--model", tiny_flux_dir, "--height", "32", "--width", "32", "--steps", "50",
+                             "--ring-degree", "2", "--output", str(tmp_path / "x.png")],
+                            env={"MESHDIT_FAIL_AT_STEP": "1:1"})
+    assert proc.returncode == 1
+    assert "rank 1 failed first" in proc.stderr and "failure injected at step 1" in proc.stderr
+    assert seconds < 60
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_ctrl_c_stops_every_rank(tiny_flux_dir, tmp_path):
+    proc = subprocess.Popen(CLI + ["--model", tiny_flux_dir, "--height", "64", "--width", "64", "--steps", "100000",
+                                   "--ring-degree", "2", "--output", str(tmp_path / "x.png")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    seen = ""
+    while "denoising" not in seen and time.monotonic() < deadline:
+        seen += os.read(proc.stderr.fileno(), 4096).decode(errors="replace")
+    assert "denoising" in seen
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal sends to the whole foreground group
+    try:
+        proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130
+    deadline = time.monotonic() + 10  # rank processes must be gone, not just the parent
+    while time.monotonic() < deadline:
+        leftover = subprocess.run(["pgrep", "-a", "-s", str(proc.pid)], capture_output=True, text=True).stdout
+        if not leftover:
+            break
+        time.sleep(0.5)
+    assert leftover == ""
