@@ -6,7 +6,7 @@
     peak_memory_report()                     # activation peak of the last decode on this rank
 """
 from .decode import decode, upsampling_factor
-from .memory import peak_memory_report
+from .memory import peak_memory_report, set_memory_method
 from .settings import VaeDecodeSettings
 
-__all__ = ["VaeDecodeSettings", "decode", "peak_memory_report", "upsampling_factor"]
+__all__ = ["VaeDecodeSettings", "decode", "peak_memory_report", "set_memory_method", "upsampling_factor"]

@@ -76,11 +76,12 @@ def decode(vae, latents: torch.Tensor, settings: VaeDecodeSettings | None = None
     rank = dist.get_rank(group) if shared else 0
     if shared:
         _check_same_call(latents, settings, group)
-    mode = ("parallel+" if shared else "") + ("tiled" if settings.tiled else ("bands" if shared else "local"))
     _, _, h, w = latents.shape
     with torch.no_grad(), _no_builtin_tiling(vae), track_peak_memory(
-        latents.device, mode=mode, ranks=world if shared else 1, rank=rank, latent_shape=tuple(latents.shape)
+        latents.device, ranks=world if shared else 1, rank=rank, latent_shape=tuple(latents.shape)
     ) as report:
+        report["mode"] = ("parallel+tiled" if shared else "tiled") if settings.tiled else (
+            "parallel" if shared else "local")
         if settings.tiled:
             image = tiled_decode(
                 lambda z: vae.decode(z, return_dict=False)[0], latents, scale, vae.config.out_channels,
@@ -91,6 +92,8 @@ def decode(vae, latents: torch.Tensor, settings: VaeDecodeSettings | None = None
         elif shared and (plan := plan_bands(h, group)) is not None:
             image = decode_bands(vae, latents, plan)
         else:  # local, or fewer latent rows than ranks: every rank decodes the whole latent
+            if shared:
+                report["mode"] = "local (fewer latent rows than ranks)"
             image = vae.decode(latents, return_dict=False)[0]
         report["image_shape"] = tuple(image.shape)
     return image

@@ -9,6 +9,10 @@ that grows with the image. Scratch memory an op allocates and frees inside
 itself (e.g. a convolution's workspace) is not seen; see the benchmark for a
 cross-check against the process's peak RSS.
 
+set_memory_method("allocator") counts at the CPU allocator instead, scratch
+included, through torch.profiler's memory events (slower, and kineto prints two
+lines to stderr per decode, hence not the default; the benchmark uses both).
+
 CUDA: torch.cuda.max_memory_allocated() over the decode, minus what was
 allocated before it (same meaning: activation peak).
 """
@@ -23,6 +27,27 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 _last_report: dict = {}
+_METHODS = ("tensors", "allocator")
+_method = "tensors"
+
+
+def set_memory_method(method: str) -> None:
+    """"tensors" (default: live tensor storages) or "allocator" (CPU allocator events, scratch included)."""
+    global _method
+    if method not in _METHODS:
+        raise ValueError(f"memory method must be one of {_METHODS}, got {method!r}")
+    _method = method
+
+
+def _allocator_peak(prof) -> int:
+    """Highest running sum of the profiler's [memory] events (allocations +, frees -)."""
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]")
+    current = peak = 0
+    for _, nbytes in events:
+        current += nbytes
+        peak = max(peak, current)
+    return peak
 
 
 class _StorageTracker(TorchDispatchMode):
@@ -98,6 +123,16 @@ def track_peak_memory(device: torch.device, **details):
         report.update(
             peak_bytes=torch.cuda.max_memory_allocated(device) - base,
             method="torch.cuda.max_memory_allocated() during the decode minus memory allocated before it",
+        )
+    elif _method == "allocator":
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            yield report
+        report.update(
+            peak_bytes=_allocator_peak(prof),
+            method="peak of the running sum of CPU allocator events (torch.profiler profile_memory) during "
+                   "the decode; includes op-internal scratch, excludes memory allocated before",
         )
     else:
         tracker = _StorageTracker()

@@ -66,10 +66,3 @@ class VaeDecodeSettings:
                     f"{flag} ({value} px) must be a multiple of the VAE's upsampling factor {scale} "
                     f"(tiles are cut from the latent); use {hint}."
                 )
-        for name in ("tile_height", "tile_width"):
-            value = getattr(self, name)
-            if value is not None and value - self.tile_overlap < scale:
-                raise ConfigError(
-                    f"Tiles of {value} px with {self.tile_overlap} px overlap advance by less than one latent "
-                    f"pixel ({scale} px); lower --vae-tile-overlap to at most {value - scale}."
-                )

@@ -39,3 +39,20 @@ def build_vae(kind: str, seed: int = 0, **overrides) -> torch.nn.Module:
 def latents_for(kind: str, b: int, h: int, w: int, seed: int = 1) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(b, CONFIGS[kind]["latent_channels"], h, w, generator=g)
+
+
+_GROUPS: dict = {}
+
+
+def subgroup(ranks: list[int]):
+    """A process group of these global ranks, made once per pool process.
+
+    NOTE: every rank of the pool must call this (torch.distributed.new_group is collective)
+    with the same ranks, in the same order of calls.
+    """
+    import torch.distributed as dist
+
+    key = tuple(sorted(ranks))
+    if key not in _GROUPS:
+        _GROUPS[key] = dist.group.WORLD if len(key) == dist.get_world_size() else dist.new_group(list(key))
+    return _GROUPS[key]
