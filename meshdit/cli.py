@@ -6,6 +6,7 @@ import sys
 
 from .config import GenerateRequest, ParallelConfig
 from .errors import ConfigError, RankFailedError
+from .vae import VaeDecodeSettings
 
 
 def _add(parser, name: str, **kwargs):
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = commands.add_parser("generate", help="generate images from prompts")
     _add(gen, "model", default=None, help="pipeline folder or Hub id (default: meshdit's bundled model)")
     _add(gen, "prompt", action="append", default=None, help="the prompt (repeat for several)")
+    _add(gen, "prompt-file", default=None, help="a text file with one prompt per line")
     _add(gen, "negative-prompt", default=None)
     _add(gen, "height", type=int, default=None, help="image height in pixels")
     _add(gen, "width", type=int, default=None, help="image width in pixels")
@@ -38,7 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add(gen, "ring-degree", type=int, default=1)
     _add(gen, "pipefusion-parallel-degree", type=int, default=1)
     _add(gen, "data-parallel-degree", type=int, default=1)
-    _add(gen, "use-cfg-parallel", action="store_true")
+    _add(gen, "use-cfg-parallel", action="store_true",
+         help="run the conditional and unconditional branches on two rank groups")
+    _add(gen, "use-parallel-vae", action="store_true", help="decode in row bands over the ranks (exact)")
+    _add(gen, "vae-tile-height", type=int, default=None, help="tiled decode: tile height in output pixels")
+    _add(gen, "vae-tile-width", type=int, default=None, help="tiled decode: tile width in output pixels")
+    _add(gen, "vae-tile-overlap", type=int, default=64, help="tiled decode: overlap in output pixels")
     _add(gen, "verbose", action="store_true")
     return parser
 
@@ -68,7 +75,10 @@ def generate_command(args) -> None:
         ulysses_degree=args.ulysses_degree,
     )
     config.validate()
-    prompts = args.prompt or ["a red circle on a white background"]
+    vae = VaeDecodeSettings(parallel=args.use_parallel_vae, tile_height=args.vae_tile_height,
+                            tile_width=args.vae_tile_width, tile_overlap=args.vae_tile_overlap)
+    vae.validate()
+    prompts = _prompts(args)
     extra = {} if args.max_sequence_length is None else {"max_sequence_length": args.max_sequence_length}
     request = GenerateRequest(
         prompt=prompts, negative_prompt=args.negative_prompt, height=args.height, width=args.width,
@@ -78,9 +88,22 @@ def generate_command(args) -> None:
     # Everything that can be checked without weights is checked here, before any rank starts.
     info = ModelInfo.from_pretrained(model)
     height, width = request.height or info.default_size, request.width or info.default_size
-    info.check(config, height, width)
-    check_output_path(args.output, len(prompts) * args.num_images_per_prompt)
-    launch(run_generate, GenerateJob(model, config, request, args.output, args.dtype, args.verbose), config.world_size)
+    num_images = len(prompts) * args.num_images_per_prompt
+    info.check(config, height, width, request.guidance_scale, num_images)
+    check_output_path(args.output, num_images)
+    job = GenerateJob(model, config, request, args.output, args.dtype, args.verbose, vae)
+    launch(run_generate, job, config.world_size)
+
+
+def _prompts(args) -> list[str]:
+    prompts = list(args.prompt or [])
+    if args.prompt_file:
+        try:
+            with open(args.prompt_file) as f:
+                prompts += [line.strip() for line in f if line.strip()]
+        except OSError as exc:
+            raise ConfigError(f"cannot read --prompt-file: {exc}") from None
+    return prompts or ["a red circle on a white background"]
 
 
 def main(argv: list[str] | None = None) -> int:

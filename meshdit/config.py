@@ -13,8 +13,6 @@ MESH_AXES = ("dp", "cfg", "pp", "ring", "ulysses")
 # Axes whose strategy has not landed yet: refused, never silently ignored.
 _NOT_YET_SUPPORTED = {
     "pipefusion_parallel_degree": "PipeFusion",
-    "data_parallel_degree": "data parallelism",
-    "cfg_degree": "CFG parallelism (--use-cfg-parallel)",
 }
 
 
@@ -68,6 +66,8 @@ class ParallelConfig:
                     f"{what} is not yet supported by this version of meshdit; "
                     f"remove the option (set {name} = 1) and use --ulysses-degree / --ring-degree."
                 )
+        if self.cfg_degree not in (1, 2):
+            raise ConfigError(f"cfg degree must be 1 or 2 (one rank group per guidance branch), got {self.cfg_degree}.")
         if world_size is not None and world_size != self.world_size:
             raise ConfigError(
                 f"The degrees multiply to {self.world_size} ({self._product_text()}) but the world has "

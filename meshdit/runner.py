@@ -13,6 +13,7 @@ from .distributed.mesh import ParallelMesh, init_distributed
 from .engine import Engine
 from .logs import quiet_libraries
 from .output import save_images
+from .vae import VaeDecodeSettings, peak_memory_report
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -25,6 +26,7 @@ class GenerateJob:
     output: str
     dtype: str | None = None  # None: bf16 on GPU, fp32 on CPU
     verbose: bool = False
+    vae: VaeDecodeSettings | None = None
 
 
 def run_generate(job: GenerateJob) -> None:
@@ -36,7 +38,7 @@ def run_generate(job: GenerateJob) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
     mesh = ParallelMesh.build(job.config, device)
     start = time.perf_counter()
-    engine = Engine.from_pretrained(job.model, mesh, DTYPES.get(job.dtype) if job.dtype else None)
+    engine = Engine.from_pretrained(job.model, mesh, DTYPES.get(job.dtype) if job.dtype else None, job.vae)
     load_s = time.perf_counter() - start
     result = engine.generate(job.request, output_type="np", show_progress=mesh.is_output_rank)
     if mesh.is_output_rank:
@@ -49,3 +51,9 @@ def run_generate(job: GenerateJob) -> None:
               f"decode {s['decode']:.2f}; model load {load_s:.2f} s)")
         for path in paths:
             print(f"meshdit: wrote {path}")
+    if job.verbose:
+        report = peak_memory_report()
+        if report:
+            print(f"meshdit: rank {dist.get_rank()} VAE decode ({report.get('mode')}, latent "
+                  f"{report.get('latent_shape')}): peak activations {report.get('peak_mib', 0):.2f} MiB, "
+                  f"peak RSS growth {report.get('peak_rss_delta_bytes', 0) / 2**20:.2f} MiB")

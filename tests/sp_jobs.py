@@ -18,22 +18,31 @@ def pipeline(name: str):
     return _PIPES[name]
 
 
-def request(name: str, height: int, width: int, seed: int = 3, steps: int = 2) -> GenerateRequest:
+def request(name: str, height: int, width: int, seed: int = 3, steps: int = 2, prompts=None,
+            per_prompt: int = 1) -> GenerateRequest:
+    prompts = prompts or ["a red cat on a blue square"]
     extra = {"max_sequence_length": MAX_SEQ}
-    if name == "flux2":  # tiny Flux2 has no text encoder: fixed prompt embeddings
-        extra["prompt_embeds"] = torch.randn(1, 5, 32, generator=torch.Generator().manual_seed(7))
+    if name == "flux2":  # tiny Flux2 has no text encoder: fixed prompt embeddings, one row per prompt
+        extra["prompt_embeds"] = torch.randn(len(prompts), 5, 32, generator=torch.Generator().manual_seed(7))
     guidance = 3.0 if name.startswith("flux") and name != "flux2" else None  # true CFG for Flux
-    return GenerateRequest(prompt="a red cat on a blue square", height=height, width=width,
-                           num_inference_steps=steps, seed=seed, guidance_scale=guidance, extra=extra)
+    return GenerateRequest(prompt=prompts, height=height, width=width, num_inference_steps=steps, seed=seed,
+                           guidance_scale=guidance, num_images_per_prompt=per_prompt, extra=extra)
 
 
 def generate(name: str, ring: int, ulysses: int, height: int, width: int, seed: int = 3):
     """Returns (transformer output at the first step, final image) computed over the mesh."""
+    return generate_layout(name, dict(ring_degree=ring, ulysses_degree=ulysses), height, width, seed)
+
+
+def generate_layout(name: str, degrees: dict, height: int, width: int, seed: int = 3, prompts=None,
+                    per_prompt: int = 1):
+    """generate() for any layout, e.g. degrees=dict(cfg_degree=2, ring_degree=2)."""
     pipe = pipeline(name)
-    mesh = mesh_for(ParallelConfig(ring_degree=ring, ulysses_degree=ulysses)) if ring * ulysses > 1 else None
+    config = ParallelConfig(**degrees)
+    mesh = mesh_for(config) if config.world_size > 1 else None
     engine = Engine(pipe, mesh)
     try:
-        req = request(name, height, width, seed)
+        req = request(name, height, width, seed, prompts=prompts, per_prompt=per_prompt)
         with torch.inference_mode():
             state = engine.recipe.prepare(req, torch.Generator().manual_seed(seed), torch.device("cpu"))
             inputs = engine.recipe.model_inputs(state, state.latents, state.timesteps[0], COND)

@@ -66,6 +66,7 @@ class ParallelMesh:
     mesh: DeviceMesh
     device: torch.device
     sp_mesh: DeviceMesh  # ring x ulysses flattened: the ranks that share one sequence
+    image_mesh: DeviceMesh  # cfg x pp x ring x ulysses flattened: the ranks that make the same images
 
     @classmethod
     def build(cls, config: ParallelConfig, device: torch.device) -> "ParallelMesh":
@@ -75,10 +76,11 @@ class ParallelMesh:
         # NOTE: flattening creates a process group, so every rank builds it here,
         # in the same order, whether or not it uses sequence parallelism.
         sp_mesh = mesh["ring", "ulysses"]._flatten("sp")
-        return cls(config, mesh, device, sp_mesh)
+        image_mesh = mesh["cfg", "pp", "ring", "ulysses"]._flatten("image")
+        return cls(config, mesh, device, sp_mesh, image_mesh)
 
     def _axis(self, axis: str) -> DeviceMesh:
-        return self.sp_mesh if axis == "sp" else self.mesh[axis]
+        return {"sp": self.sp_mesh, "image": self.image_mesh}.get(axis) or self.mesh[axis]
 
     def group(self, axis: str) -> dist.ProcessGroup:
         return self._axis(axis).get_group()

@@ -44,8 +44,30 @@ class ModelInfo:
         vae_scale = 2 ** (len(vae.get("block_out_channels", [0] * 4)) - 1)
         return cls(model, pipeline_class, family_for_pipeline(pipeline_class), transformer, vae_scale)
 
-    def check(self, config: ParallelConfig, height: int, width: int) -> None:
-        """Refuses a layout or resolution this model cannot run, saying what to change."""
+    def runs_cfg(self, guidance_scale: float | None) -> bool:
+        """Whether a generation runs two guidance branches (cond and uncond) per step."""
+        if self.family.guidance_distilled(self.transformer_config):
+            return False
+        scale = self.family.recipe_class().default_guidance if guidance_scale is None else guidance_scale
+        return scale > 1
+
+    def check(self, config: ParallelConfig, height: int, width: int, guidance_scale: float | None = None,
+              num_images: int = 1) -> None:
+        """Refuses a layout, resolution or request this model cannot run, saying what to change."""
+        if config.cfg_degree > 1 and not self.runs_cfg(guidance_scale):
+            if self.family.guidance_distilled(self.transformer_config):
+                why = (f"this {self.pipeline_class} model is guidance-distilled: it embeds the guidance scale and "
+                       "runs a single branch per step")
+            else:
+                why = f"guidance scale {guidance_scale} turns classifier-free guidance off (it needs a scale > 1)"
+            raise ConfigError(f"CFG parallel splits the conditional and unconditional branches over two rank groups, "
+                              f"but {why}. Drop --use-cfg-parallel (give the ranks to --ulysses-degree or "
+                              "--ring-degree instead).")
+        if num_images < config.data_parallel_degree:
+            raise ConfigError(
+                f"data-parallel degree {config.data_parallel_degree} needs at least as many images, but the request "
+                f"makes {num_images}: add prompts (--prompt again, or --prompt-file), raise "
+                f"--num-images-per-prompt, or use --data-parallel-degree <= {num_images}.")
         if config.ulysses_degree > self.num_heads:
             raise ConfigError(
                 f"ulysses degree {config.ulysses_degree} exceeds the model's {self.num_heads} attention heads: "

@@ -31,6 +31,10 @@ class ModelFamily:
         patch = 2 if self.packed else int(transformer_config.get("patch_size", 1))
         return vae_scale_factor * patch
 
+    def guidance_distilled(self, transformer_config: dict) -> bool:
+        """The model embeds the guidance scale and has no negative branch (FLUX.2, FLUX.1-dev)."""
+        return self.name == "flux2" or (self.name == "flux" and bool(transformer_config.get("guidance_embeds")))
+
     def image_tokens(self, height: int, width: int, transformer_config: dict, vae_scale_factor: int) -> int:
         m = self.pixel_multiple(transformer_config, vae_scale_factor)
         return (height // m) * (width // m)

@@ -12,6 +12,7 @@ from .recipe import COND, UNCOND, DenoiseState, Recipe
 class FluxRecipe(Recipe):
     default_steps = 28
     default_guidance = 3.5
+    unbatched_keys = ("txt_ids", "img_ids")
 
     def prepare(self, request, generator, device):
         pipe = self.pipe

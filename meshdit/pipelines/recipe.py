@@ -31,6 +31,10 @@ class DenoiseState:
     def branch_names(self) -> list[str]:
         return list(self.branches)
 
+    @property
+    def batch_size(self) -> int:
+        return self.latents.shape[0]
+
 
 class Recipe:
     """Base: subclasses fill in prepare / model_inputs / decode_latents; the rest is shared."""
@@ -69,6 +73,24 @@ class Recipe:
 
     batch_branches = False
     """Run cond and uncond as one batched call, as the diffusers pipeline does."""
+
+    unbatched_keys: tuple[str, ...] = ()
+    """Tensors without a batch dim, kept whole when the batch is split (e.g. Flux's [S, 3] ids)."""
+
+    def slice_batch(self, state: DenoiseState, start: int, stop: int) -> DenoiseState:
+        """The state for images start..stop-1 of the batch (data parallelism)."""
+        batch = state.batch_size
+
+        def cut(value, key=""):
+            if isinstance(value, dict):
+                return {k: cut(v, k) for k, v in value.items()}
+            if (isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch
+                    and key not in self.unbatched_keys):
+                return value[start:stop]
+            return value
+
+        return DenoiseState(cut(state.latents), state.timesteps, cut(state.branches), state.guidance_scale,
+                            state.height, state.width, cut(state.extra))
 
     def postprocess_prediction(self, state: DenoiseState, pred: torch.Tensor) -> torch.Tensor:
         return pred

@@ -1,0 +1,77 @@
+"""CFG parallel and data parallel, alone and with sequence parallelism: N ranks equal one process."""
+import numpy as np
+import pytest
+
+from meshdit.config import ParallelConfig
+from meshdit.errors import ConfigError
+from meshdit.models.info import ModelInfo
+from meshdit.testing.tiny_models import tiny_flux_pipeline, tiny_pipeline
+from tests import sp_jobs
+
+PROMPTS = ["a red cat", "a blue square on a white background", "two green circles"]  # 3: uneven over 2 groups
+_REFERENCE: dict = {}
+
+
+def reference(name, prompts, per_prompt):
+    key = (name, tuple(prompts), per_prompt)
+    if key not in _REFERENCE:
+        _REFERENCE[key] = sp_jobs.generate_layout(name, {}, 36, 44, prompts=prompts, per_prompt=per_prompt)[1]
+    return _REFERENCE[key]
+
+
+def check(results, ref):
+    for rank, (_, images) in enumerate(results):
+        assert images.shape == ref.shape, f"rank {rank}: {images.shape} != {ref.shape}"
+        assert np.abs(images - ref).max() <= 1e-5 * np.abs(ref).max(), f"rank {rank}: images differ"
+
+
+CASES = [
+    # (degrees, prompts, images per prompt)
+    (dict(cfg_degree=2), PROMPTS[:1], 1),
+    (dict(data_parallel_degree=2), PROMPTS, 1),
+    (dict(data_parallel_degree=2), PROMPTS[:1], 2),
+    (dict(cfg_degree=2, ulysses_degree=2), PROMPTS[:1], 1),
+    (dict(data_parallel_degree=2, ring_degree=2), PROMPTS, 1),
+]
+
+
+@pytest.mark.parametrize("degrees,prompts,per_prompt", CASES,
+                         ids=["cfg2", "dp2-3prompts", "dp2-2images", "cfg2-u2", "dp2-r2"])
+@pytest.mark.parametrize("name", ["flux", "sd35", "pixart-sigma"])
+def test_layout_equals_single_process(run_ranks, name, degrees, prompts, per_prompt):
+    world = ParallelConfig(**degrees).world_size
+    results = run_ranks(world, sp_jobs.generate_layout, name, degrees, 36, 44, prompts=prompts,
+                        per_prompt=per_prompt)
+    check(results, reference(name, prompts, per_prompt))
+
+
+@pytest.mark.parametrize("name", ["flux", "sd35", "pixart-sigma"])
+def test_cfg2_ring2_ulysses2_on_eight_ranks(run_ranks, name):
+    degrees = dict(cfg_degree=2, ring_degree=2, ulysses_degree=2)
+    results = run_ranks(8, sp_jobs.generate_layout, name, degrees, 36, 44, prompts=PROMPTS[:1])
+    check(results, reference(name, PROMPTS[:1], 1))
+
+
+def test_flux2_data_parallel(run_ranks):
+    results = run_ranks(2, sp_jobs.generate_layout, "flux2", dict(data_parallel_degree=2), 36, 44, prompts=PROMPTS)
+    check(results, reference("flux2", PROMPTS, 1))
+
+
+@pytest.mark.parametrize("build", [lambda: tiny_pipeline("flux2"), lambda: tiny_flux_pipeline(guidance_embeds=True)],
+                         ids=["flux2", "flux-guidance-distilled"])
+def test_cfg_parallel_refused_for_guidance_distilled_models(build):
+    info = ModelInfo.from_pipeline(build())
+    with pytest.raises(ConfigError, match="guidance-distilled.*Drop --use-cfg-parallel"):
+        info.check(ParallelConfig(cfg_degree=2), 32, 32)
+
+
+def test_cfg_parallel_refused_without_guidance():
+    info = ModelInfo.from_pipeline(tiny_pipeline("sd35"))
+    with pytest.raises(ConfigError, match="guidance scale 1.0 turns classifier-free guidance off"):
+        info.check(ParallelConfig(cfg_degree=2), 32, 32, guidance_scale=1.0)
+
+
+def test_more_data_parallel_groups_than_images_refused():
+    info = ModelInfo.from_pipeline(tiny_pipeline("sd35"))
+    with pytest.raises(ConfigError, match="data-parallel degree 4 needs at least as many images"):
+        info.check(ParallelConfig(data_parallel_degree=4), 32, 32, num_images=3)
