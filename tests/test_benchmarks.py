@@ -1,0 +1,57 @@
+"""The benchmark runner in --quick mode: every section is written, and the bytes each method
+sends per step match its formula (deterministic, so it can be a test; speed is never asserted)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTIONS = ("meta", "overhead", "scaling", "communication", "memory", "gpu")
+
+
+@pytest.fixture(scope="module")
+def quick_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, json.loads((out / "latest.json").read_text())
+
+
+def test_every_section_and_file(quick_results):
+    out, r = quick_results
+    assert set(SECTIONS) <= set(r)
+    assert (out / "latest.md").read_text().count("## ") >= 6
+    assert (out / "latest.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert r["overhead"]["max_abs_image_diff"] == 0.0, "meshdit with degrees 1 must draw the diffusers image"
+    assert r["overhead"]["ratio"] > 0
+    for case in r["scaling"]["cases"]:
+        assert {"ulysses2", "ring2"} <= set(case["methods"]), case.get("skipped")
+        for name in ("ulysses2", "ring2"):
+            for impl in ("meshdit", "diffusers"):  # both sides measured, both exact
+                entry = case["methods"][name][impl]
+                assert entry["speedup"] > 0
+                assert entry["max_abs_diff_vs_serial"] < 1e-4
+    for case in r["memory"]["cases"]:
+        assert case["rows"]["serial/forward"][0]["peak_activation_bytes"] > 0
+        for label, per_rank in case["rows"].items():
+            for row in per_rank:
+                if row:
+                    assert row["param_bytes"] > 0 and row["peak_activation_bytes"] > 0, label
+    assert "skipped" in r["gpu"] or r["gpu"]["max_abs_image_diff"] is not None
+
+
+def test_measured_bytes_match_formula(quick_results):
+    _, r = quick_results
+    checked = 0
+    for case in r["communication"]["cases"]:
+        for name, impls in case["methods"].items():
+            for impl, v in impls.items():
+                if v["formula_bytes"] is None:
+                    continue
+                for measured in v["measured_bytes_per_rank"]:
+                    assert abs(measured / v["formula_bytes"] - 1) <= 0.10, (case["image_tokens"], name, impl, v)
+                checked += 1
+    assert checked >= 2 * 4  # ulysses2 and ring2, meshdit and diffusers, at each quick size
