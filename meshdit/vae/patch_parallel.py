@@ -91,28 +91,44 @@ def _exchange_halos(x: torch.Tensor, p: int, plan: BandPlan) -> tuple[torch.Tens
 
 
 def _group_norm(module: nn.GroupNorm, plan: BandPlan):
-    """A forward for `module` that normalises with statistics over every rank's band."""
+    """A forward for `module` that normalises with statistics over every rank's band.
+
+    Two passes, as the whole-image GroupNorm: mean from the all-reduced sums and
+    counts, then the variance from the all-reduced squared deviations from that
+    mean. Arithmetic in float32 at least (as torch's own GroupNorm for 16-bit
+    inputs), statistics in float64, a few groups at a time so the temporaries stay
+    a fraction of the band.
+    """
 
     def forward(x: torch.Tensor) -> torch.Tensor:  # x: [B, C, h_band, W]
         # NOTE: every rank of plan.group joins two all-reduces per call.
         b, c = x.shape[:2]
         g = module.num_groups
-        xg = x.reshape(b, g, -1)                                        # [B, G, C/G * h_band * W]
-        stats = torch.empty(b * g + 1, dtype=torch.float64, device=x.device)
-        stats[:-1] = xg.sum(dim=-1, dtype=torch.float64).reshape(-1)
-        stats[-1] = xg.shape[-1]                                        # element count per group
+        calc = torch.promote_types(x.dtype, torch.float32)
+        xg = x.reshape(b, g, c // g, -1)                                # [B, G, C/G, h_band * W]
+        chunks = [slice(k, min(k + max(1, g // 8), g)) for k in range(0, g, max(1, g // 8))]
+        sums = torch.cat([xg[:, gs].to(calc).sum(dim=(2, 3), dtype=torch.float64) for gs in chunks], 1)
+        stats = torch.cat([sums.reshape(-1), sums.new_tensor([xg[0, 0].numel()])])  # [B*G sums, count]
         comm_stats.add("vae_groupnorm_all_reduce", stats.numel() * stats.element_size())
         dist.all_reduce(stats, group=plan.group)
-        mean = (stats[:-1] / stats[-1]).reshape(b, g, 1)                # [B, G, 1], fp64
-        diff = xg - mean.to(x.dtype)                                    # the only band-sized temporary
-        ssd = torch.linalg.vector_norm(diff, dim=-1).double().square().reshape(-1)   # [B*G]
+        count = stats[-1]
+        mean = (stats[:-1] / count).reshape(b, g, 1, 1).to(calc)       # [B, G, 1, 1]
+        ssd = torch.cat([
+            torch.linalg.vector_norm(xg[:, gs].to(calc) - mean[:, gs], dim=(2, 3)).double().square()
+            for gs in chunks
+        ], 1).reshape(-1)                                               # [B*G]
         comm_stats.add("vae_groupnorm_all_reduce", ssd.numel() * ssd.element_size())
         dist.all_reduce(ssd, group=plan.group)
-        var = ssd / stats[-1]                                           # biased, as nn.GroupNorm
-        rstd = torch.rsqrt(var + module.eps).to(x.dtype).reshape(b, g, 1)
-        out = diff.mul_(rstd).reshape(x.shape)
-        if module.affine:
-            out.mul_(module.weight.reshape(1, c, 1, 1)).add_(module.bias.reshape(1, c, 1, 1))
+        rstd = torch.rsqrt(ssd / count + module.eps).reshape(b, g, 1, 1).to(calc)   # biased var, as nn.GroupNorm
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)    # contiguous: og is a view
+        og = out.reshape(b, g, c // g, -1)
+        weight = module.weight.reshape(g, c // g, 1).to(calc) if module.affine else None
+        bias = module.bias.reshape(g, c // g, 1).to(calc) if module.affine else None
+        for gs in chunks:
+            y = (xg[:, gs].to(calc) - mean[:, gs]).mul_(rstd[:, gs])
+            if weight is not None:
+                y.mul_(weight[gs]).add_(bias[gs])
+            og[:, gs] = y
         return out
 
     return forward
