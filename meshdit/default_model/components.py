@@ -1,0 +1,197 @@
+"""Builds the default model's parts (tokenizers, text encoders, VAE, transformer,
+scheduler) from code, so training needs no download."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer, T5Config, T5EncoderModel, T5TokenizerFast
+
+from .dataset import SHAPES, vocabulary
+
+TEXT_DIM = 64  # hidden size of both tiny text encoders
+
+
+def clip_tokenizer() -> CLIPTokenizer:
+    """CLIP BPE tokenizer whose merges make every caption word (and plural) one token."""
+    words = vocabulary() + [s + "s" for s in SHAPES]
+    bpe = Tokenizer(models.BPE(end_of_word_suffix="</w>"))
+    bpe.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.BpeTrainer(
+        vocab_size=10_000,
+        special_tokens=["<|startoftext|>", "<|endoftext|>"],
+        end_of_word_suffix="</w>",
+        show_progress=False,
+    )
+    bpe.train_from_iterator(words * 3, trainer)  # deterministic for a fixed word list
+    model = json.loads(bpe.to_str())["model"]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split()) for m in model["merges"]]
+    return CLIPTokenizer(vocab=model["vocab"], merges=merges, model_max_length=77)
+
+
+def t5_tokenizer() -> T5TokenizerFast:
+    """Unigram tokenizer: one piece per caption word; plural 's' is its own piece."""
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
+    pieces += [("\u2581" + w, -1.0) for w in vocabulary()] + [("s", -2.0), ("\u2581", -5.0)]
+    return T5TokenizerFast(vocab=pieces, extra_ids=0)
+
+
+def text_encoders(clip_vocab: int, t5_vocab: int, seed: int = 0) -> tuple[CLIPTextModel, T5EncoderModel]:
+    """Tiny random text encoders (kept frozen: the transformer learns to read them)."""
+    torch.manual_seed(seed)
+    clip = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=clip_vocab,
+            hidden_size=TEXT_DIM,
+            intermediate_size=2 * TEXT_DIM,
+            projection_dim=TEXT_DIM,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            max_position_embeddings=77,
+            bos_token_id=0,
+            eos_token_id=1,
+            pad_token_id=1,
+        )
+    )
+    t5 = T5EncoderModel(
+        T5Config(
+            vocab_size=t5_vocab,
+            d_model=TEXT_DIM,
+            d_kv=16,
+            d_ff=2 * TEXT_DIM,
+            num_layers=1,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            dropout_rate=0.0,
+            feed_forward_proj="relu",
+            pad_token_id=0,
+            eos_token_id=1,
+            decoder_start_token_id=0,
+        )
+    )
+    return clip.eval(), t5.eval()
+
+
+def vae(latent_channels: int = 4) -> AutoencoderKL:
+    """Small VAE, 8x downsampling (4 blocks), no mid-block attention (any size works)."""
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(8, 16, 32, 64),
+        layers_per_block=1,
+        latent_channels=latent_channels,
+        # One group: GroupNorm over all channels keeps the colour of flat regions
+        # (per-group statistics over few channels wash it out).
+        norm_num_groups=1,
+        sample_size=256,
+        mid_block_add_attention=False,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+    )
+
+
+def transformer(latent_channels: int = 4, hidden: int = 128, heads: int = 4, double: int = 2, single: int = 4):
+    head_dim = hidden // heads
+    rope = (head_dim // 4, 3 * head_dim // 8, 3 * head_dim // 8)
+    assert sum(rope) == head_dim, rope
+    return FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=4 * latent_channels,  # Flux packs 2x2 latent patches
+        num_layers=double,
+        num_single_layers=single,
+        attention_head_dim=head_dim,
+        num_attention_heads=heads,
+        joint_attention_dim=TEXT_DIM,
+        pooled_projection_dim=TEXT_DIM,
+        guidance_embeds=False,
+        axes_dims_rope=rope,
+    )
+
+
+def scheduler() -> FlowMatchEulerDiscreteScheduler:
+    # Same settings as FLUX.1: dynamic shift mu = f(image tokens) (0.5 at 256 tokens).
+    return FlowMatchEulerDiscreteScheduler(
+        num_train_timesteps=1000,
+        shift=1.0,
+        use_dynamic_shifting=True,
+        base_shift=0.5,
+        max_shift=1.15,
+        base_image_seq_len=256,
+        max_image_seq_len=4096,
+    )
+
+
+@torch.no_grad()
+def init_vae_as_pooling(v: AutoencoderKL, k: float = 10.0, silu_shift: float = 10.0) -> AutoencoderKL:
+    """Start the VAE as 8x8 average pooling (encoder) and nearest upsampling (decoder).
+
+    Training from random init learns shapes fast but colours very slowly: every
+    GroupNorm divides by per-image statistics, which in a net this narrow are
+    dominated by the image content. Here every residual branch starts at zero and
+    the carried channels are (rgb, +k, -k, -rgb, 0...): the per-image mean is then
+    exactly 0 and the variance is dominated by the constants, so each GroupNorm is
+    close to a fixed scale, and colours pass through from step 0. Training then only
+    has to sharpen the 8x8 blocks into edges.
+    """
+    lat = v.config.latent_channels
+
+    def carry(conv, sign_in=True):  # conv_in: write (x, +k, -k, -x) into channels 0..8
+        conv.weight.zero_()
+        conv.bias.zero_()
+        c = conv.kernel_size[0] // 2
+        for i in range(3):
+            conv.weight[i, i, c, c] = 1.0
+            conv.weight[5 + i, i, c, c] = -1.0
+        conv.bias[3], conv.bias[4] = k, -k
+
+    def identity_resnets(block):
+        for r in block.resnets:
+            r.conv2.weight.zero_()
+            r.conv2.bias.zero_()
+            if r.conv_shortcut is not None:
+                r.conv_shortcut.weight.zero_()
+                r.conv_shortcut.bias.zero_()
+                n = min(r.conv_shortcut.in_channels, r.conv_shortcut.out_channels)
+                r.conv_shortcut.weight[:n, :n, 0, 0] = torch.eye(n)
+
+    def norm_then_conv_out(norm, conv, out_idx, bias):
+        chans = norm.num_channels
+        sigma = (2 * k * k / chans) ** 0.5  # per-image std, ~independent of content
+        norm.weight.fill_(sigma)
+        norm.bias.zero_()
+        norm.bias[:3] = silu_shift  # silu(x + 10) ~= x + 10
+        conv.weight.zero_()
+        c = conv.kernel_size[0] // 2
+        for o, i in zip(out_idx, range(3)):
+            conv.weight[o, i, c, c] = 1.0
+        conv.bias.copy_(torch.as_tensor(bias))
+
+    enc, dec = v.encoder, v.decoder
+    carry(enc.conv_in)
+    for blk in list(enc.down_blocks) + [enc.mid_block]:
+        identity_resnets(blk)
+        for d in getattr(blk, "downsamplers", None) or []:
+            d.conv.weight.zero_()
+            d.conv.bias.zero_()
+            for ch in range(d.conv.out_channels):
+                d.conv.weight[ch, ch, :2, :2] = 0.25  # 2x2 mean (padding is (0,1,0,1))
+    # mean channels 0..2 = rgb, the rest 0; log-variance -8 (almost no noise)
+    enc_bias = [-silu_shift] * 3 + [0.0] * (lat - 3) + [-8.0] * lat
+    norm_then_conv_out(enc.conv_norm_out, enc.conv_out, range(3), enc_bias)
+
+    # decoder: conv_in reads latent channels 0..2
+    carry(dec.conv_in)
+    for blk in [dec.mid_block] + list(dec.up_blocks):
+        identity_resnets(blk)
+        for u in getattr(blk, "upsamplers", None) or []:
+            u.conv.weight.zero_()
+            u.conv.bias.zero_()
+            for ch in range(u.conv.out_channels):
+                u.conv.weight[ch, ch, 1, 1] = 1.0
+    norm_then_conv_out(dec.conv_norm_out, dec.conv_out, range(3), [-silu_shift] * 3)
+    return v

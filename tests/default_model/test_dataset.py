@@ -1,0 +1,52 @@
+import numpy as np
+
+from meshdit.default_model import dataset as D
+
+
+def test_same_seed_same_image_and_caption():
+    for seed in (0, 7, 123456):
+        a, ca = D.sample(seed)
+        b, cb = D.sample(seed)
+        assert ca == cb
+        assert a.dtype == np.uint8 and a.shape == (256, 256, 3)
+        np.testing.assert_array_equal(a, b)
+
+
+def test_different_seeds_differ():
+    imgs = [D.sample(s)[0] for s in range(8)]
+    assert len({im.tobytes() for im in imgs}) == 8
+
+
+def test_other_sizes():
+    for size in (128, 192, 320):
+        img, _ = D.sample(3, size=size)
+        assert img.shape == (size, size, 3)
+
+
+def test_training_split_never_shows_held_out_pairs():
+    for seed in range(400):
+        s = D.sample_scene(np.random.default_rng([seed, 1]))
+        assert (s.colour, s.shape) not in D.HELD_OUT_PAIRS
+    assert all((s.colour, s.shape) not in D.HELD_OUT_PAIRS for s in D.all_scenes(held_out=False))
+
+
+def test_eval_prompts_are_fixed_held_out_and_parse():
+    assert len(D.EVAL_PROMPTS) >= 50
+    assert len(set(D.EVAL_PROMPTS)) == len(D.EVAL_PROMPTS)
+    train_captions = {s.caption for s in D.all_scenes(held_out=False)}
+    for p in D.EVAL_PROMPTS:
+        s = D.parse_prompt(p)
+        assert (s.colour, s.shape) in D.HELD_OUT_PAIRS
+        assert s.caption == p and p not in train_captions
+    # every held-out pair, count and position is covered
+    parsed = [D.parse_prompt(p) for p in D.EVAL_PROMPTS]
+    assert {(s.colour, s.shape) for s in parsed} == set(D.HELD_OUT_PAIRS)
+    assert {s.count for s in parsed} == {1, 2, 3}
+    assert {s.position for s in parsed} == set(D.POSITIONS) | {None}
+
+
+def test_caption_words_are_in_vocabulary():
+    vocab = set(D.vocabulary())
+    for s in D.all_scenes(held_out=False)[:50] + D.all_scenes(held_out=True):
+        for w in s.caption.split():
+            assert w in vocab or (w.endswith("s") and w[:-1] in vocab)
