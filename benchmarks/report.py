@@ -50,7 +50,8 @@ def write_markdown(r: dict) -> str:
     lines = [f"# meshdit benchmarks ({'quick' if meta['quick'] else 'full'} run)", "",
              f"{meta['date_utc']}, commit {meta['commit']}; {meta['cpus']} CPUs; torch {meta['torch']}, "
              f"diffusers {meta['diffusers']}; the run took {meta['seconds']} s.",
-             f"Load average (1, 5, 15 min) at start {meta['load_average_start']}, at end {meta['load_average_end']}.",
+             f"Load average (1, 5, 15 min) at start {meta['load_average_start']}, at end {meta['load_average_end']}; "
+             f"1-min load sampled between sections: {[v for _, v in meta.get('load_average_samples', [])]}.",
              f"Model: {meta['model']} {meta['model_shape']} (FluxTransformer2DModel, random weights, fp32).", "",
              "Speed is judged by ratios measured side by side in this one run, never by absolute seconds.", ""]
 
@@ -90,6 +91,8 @@ def write_markdown(r: dict) -> str:
                       "(gloo barrier: it does not spin)."]
     for name, why in skipped.items():
         lines += ["", f"Skipped {name}: {why}"]
+    for name, note in s.get("notes", {}).items():
+        lines += ["", f"{name}: {note}"]
     lines.append("")
 
     cm = r["communication"]
@@ -165,6 +168,8 @@ def write_png(r: dict, path: Path) -> None:
     o = r["overhead"]
     draw.text((left, 10), f"Speedup, 2 ranks x 1 thread vs 1 rank x 1 thread ({r['meta']['model']}); "
               f"overhead vs diffusers {o['ratio']:.3f}x", fill="black", font=font)
+    draw.text((left, 32), f"{r['meta']['date_utc']}, load average at start {r['meta']['load_average_start']}",
+              fill=(90, 90, 90), font=small)
     top_value = max([2.0] + [v for _, d in groups for v in d.values()]) * 1.1
     plot_h = height - top - bottom
 

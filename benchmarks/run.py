@@ -57,7 +57,8 @@ def scaling_sections(cfg: dict, log) -> tuple[dict, dict, dict]:
     names = [m.name for m in METHODS]
     scaling = {"ranks": RANKS, "threads_per_rank": 1, "unit_note": (
         "forward: one transformer call on the full inputs (split, attention, gather included); "
-        "step: one denoising step through Engine.generate (its 'denoise' seconds / steps)"), "cases": []}
+        "step: one denoising step through Engine.generate (its 'denoise' seconds / steps)"), "cases": [],
+        "notes": {m.name: m.notes for m in METHODS if m.notes}}
     comm = {"tolerance": BYTES_TOLERANCE, "cases": [], "formulas": {m.name: m.formula_text for m in METHODS}}
     memory = {"how": (
         "param_bytes: sum of the transformer's parameter bytes on the rank. peak_activation_bytes: most bytes of "
@@ -132,9 +133,11 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
+    load_samples = []  # (seconds into the run, 1-minute load average) at every log line
 
     def log(msg):
-        print(f"[{time.perf_counter() - began:6.1f} s] {msg}", flush=True)
+        load_samples.append((round(time.perf_counter() - began, 1), _load_average()[0]))
+        print(f"[{time.perf_counter() - began:6.1f} s] {msg} (load {load_samples[-1][1]})", flush=True)
 
     import diffusers
 
@@ -159,6 +162,7 @@ def main(argv=None) -> int:
         log("gpu: FLUX.1-dev size overhead" if torch.cuda.is_available() else "gpu: none, skipped")
         results["gpu"] = gpu_overhead()
     results["meta"]["load_average_end"] = _load_average()
+    results["meta"]["load_average_samples"] = load_samples
     results["meta"]["seconds"] = round(time.perf_counter() - began, 1)
 
     (out / "latest.json").write_text(json.dumps(results, indent=1, default=str))
