@@ -107,3 +107,18 @@ def _builtin_tiling_is_restored():
 
 def test_diffusers_tiling_flag_is_left_as_found(run_ranks):
     assert run_ranks(4, _builtin_tiling_is_restored, timeout=60) == [True] * 4
+
+
+def _bf16_parallel_and_serial():
+    vae = build_vae("AutoencoderKLFlux2").to(torch.bfloat16)
+    z = latents_for("AutoencoderKLFlux2", 1, 7, 6).to(torch.bfloat16)
+    return decode(vae, z, VaeDecodeSettings(parallel=True), dist.group.WORLD), decode(vae, z)
+
+
+def test_bf16_parallel_is_within_bf16_rounding(run_ranks):
+    # 16-bit decodes (the GPU case) cannot be bit-exact: sums run in another order. The bound,
+    # 2 bf16 epsilons (2 * 2**-7) of max|serial|, is a few roundings; measured 3.6e-3.
+    for parallel, serial_image in run_ranks(4, _bf16_parallel_and_serial, timeout=120):
+        assert parallel.dtype == torch.bfloat16
+        err = (parallel.float() - serial_image.float()).abs().max() / serial_image.float().abs().max()
+        assert err <= 2 * 2**-7, err.item()

@@ -7,18 +7,20 @@ from diffusers import AutoencoderKL, AutoencoderKLFlux2
 # 3 up blocks: the decoder upsamples by 4 (two nearest-2x upsamplers), mid-block attention on.
 CONFIGS = {
     # FLUX.1 / SD3.5 / PixArt use AutoencoderKL (16 or 4 latent channels, shift/scale in the pipeline).
+    # FLUX.1 and SD3.5 have no post_quant_conv; PixArt (SD's VAE) has one: the Flux2 config covers it.
     "AutoencoderKL": dict(
         in_channels=3, out_channels=3, latent_channels=4, layers_per_block=1, norm_num_groups=4,
         block_out_channels=(8, 16, 16),
         down_block_types=("DownEncoderBlock2D",) * 3, up_block_types=("UpDecoderBlock2D",) * 3,
+        use_quant_conv=False, use_post_quant_conv=False,
     ),
-    # FLUX.2: same Decoder class, its own decoder widths, no quant convs in the real config;
-    # batch-norm'd, 2x2-patchified latents are undone by the pipeline before vae.decode.
+    # FLUX.2: the same Decoder class, with its own decoder widths (decoder_block_out_channels) and
+    # a 1x1 post_quant_conv; the pipeline undoes the latent batch-norm and 2x2 patchify before
+    # vae.decode, so decode() sees plain [B, 32, H/8, W/8] latents.
     "AutoencoderKLFlux2": dict(
         in_channels=3, out_channels=3, latent_channels=8, layers_per_block=1, norm_num_groups=4,
         block_out_channels=(8, 16, 16), decoder_block_out_channels=(8, 12, 16),
         down_block_types=("DownEncoderBlock2D",) * 3, up_block_types=("UpDecoderBlock2D",) * 3,
-        use_quant_conv=False, use_post_quant_conv=False,
     ),
 }
 CLASSES = {"AutoencoderKL": AutoencoderKL, "AutoencoderKLFlux2": AutoencoderKLFlux2}
