@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add(gen, "ulysses-degree", type=int, default=1)
     _add(gen, "ring-degree", type=int, default=1)
     _add(gen, "pipefusion-parallel-degree", type=int, default=1)
+    _add(gen, "num-pipeline-patch", type=int, default=None,
+         help="PipeFusion: patches along the height (default: the pipefusion degree)")
+    _add(gen, "warmup-steps", type=int, default=1,
+         help="PipeFusion: leading steps on the whole image, without stale K/V (all steps: exact)")
     _add(gen, "data-parallel-degree", type=int, default=1)
     _add(gen, "use-cfg-parallel", action="store_true",
          help="run the conditional and unconditional branches on two rank groups")
@@ -72,7 +76,8 @@ def generate_command(args) -> None:
     config = ParallelConfig(
         data_parallel_degree=args.data_parallel_degree, cfg_degree=2 if args.use_cfg_parallel else 1,
         pipefusion_parallel_degree=args.pipefusion_parallel_degree, ring_degree=args.ring_degree,
-        ulysses_degree=args.ulysses_degree,
+        ulysses_degree=args.ulysses_degree, num_pipeline_patch=args.num_pipeline_patch,
+        warmup_steps=args.warmup_steps,
     )
     config.validate()
     vae = VaeDecodeSettings(parallel=args.use_parallel_vae, tile_height=args.vae_tile_height,

@@ -11,9 +11,7 @@ from .errors import ConfigError
 MESH_AXES = ("dp", "cfg", "pp", "ring", "ulysses")
 
 # Axes whose strategy has not landed yet: refused, never silently ignored.
-_NOT_YET_SUPPORTED = {
-    "pipefusion_parallel_degree": "PipeFusion",
-}
+_NOT_YET_SUPPORTED: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -30,6 +28,10 @@ class ParallelConfig:
     """Ring attention: K/V blocks passed around a ring of this many ranks."""
     ulysses_degree: int = 1
     """Ulysses attention: all-to-all between sequence and head shards."""
+    num_pipeline_patch: int | None = None
+    """PipeFusion: patches the image is cut into along its height (default: the pipefusion degree)."""
+    warmup_steps: int = 1
+    """PipeFusion: leading steps run on the whole image, without stale K/V (all steps: exact)."""
 
     @property
     def world_size(self) -> int:
@@ -47,6 +49,10 @@ class ParallelConfig:
         }
 
     @property
+    def patches(self) -> int:
+        return self.num_pipeline_patch or self.pipefusion_parallel_degree
+
+    @property
     def sp_degree(self) -> int:
         return self.ring_degree * self.ulysses_degree
 
@@ -58,6 +64,8 @@ class ParallelConfig:
         """Checks that need no model: positive degrees, supported axes, world size."""
         for f in fields(self):
             value = getattr(self, f.name)
+            if value is None and f.name == "num_pipeline_patch":
+                continue
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{f.name} must be a whole number >= 1, got {value!r}.")
         for name, what in _NOT_YET_SUPPORTED.items():
@@ -68,6 +76,10 @@ class ParallelConfig:
                 )
         if self.cfg_degree not in (1, 2):
             raise ConfigError(f"cfg degree must be 1 or 2 (one rank group per guidance branch), got {self.cfg_degree}.")
+        if self.pipefusion_parallel_degree > 1 and self.ring_degree > 1:
+            raise ConfigError(
+                "PipeFusion combines with Ulysses, CFG and data parallelism, but not yet with ring attention: "
+                "use --ulysses-degree instead of --ring-degree.")
         if world_size is not None and world_size != self.world_size:
             raise ConfigError(
                 f"The degrees multiply to {self.world_size} ({self._product_text()}) but the world has "

@@ -14,6 +14,7 @@ from .distributed.mesh import ParallelMesh
 from .models.info import ModelInfo
 from .parallel.parallelize import parallelize
 from .pipelines.loop import denoise
+from .pipelines.pipefusion_loop import pipefusion_denoise
 from .vae import VaeDecodeSettings
 from .vae import decode as vae_decode
 
@@ -38,7 +39,7 @@ class Engine:
         self.vae.validate()
         self.info = ModelInfo.from_pipeline(pipe)
         self.recipe = self.info.family.recipe_class()(pipe)
-        self._handles = parallelize(pipe, self.info.family, mesh) if mesh is not None else []
+        self._parallel = parallelize(pipe, self.info.family, mesh) if mesh is not None else None
 
     @classmethod
     def from_pretrained(cls, model: str, mesh: ParallelMesh | None = None, torch_dtype=None,
@@ -65,7 +66,12 @@ class Engine:
         state = self._data_parallel_share(state)
         seconds["prepare"] = time.perf_counter() - start
         cfg_group = self.mesh.group("cfg") if self.mesh is not None else None
-        latents = denoise(self.recipe, state, cfg_group, show_progress)
+        if self._parallel is not None and self._parallel.pipefusion is not None:
+            config = self.mesh.config
+            latents = pipefusion_denoise(self.recipe, state, self._parallel.pipefusion, self._parallel.sequence_state,
+                                         cfg_group, config.warmup_steps, config.patches, show_progress)
+        else:
+            latents = denoise(self.recipe, state, cfg_group, show_progress)
         seconds["denoise"] = time.perf_counter() - start - seconds["prepare"]
         vae_input = self.recipe.decode_latents(state, latents)
         image_group = self.mesh.group("image") if self.mesh is not None else None
@@ -102,7 +108,7 @@ class Engine:
         return [image for part in parts for image in part]
 
     def close(self) -> None:
-        """Removes the parallel hooks: the pipeline runs serially again."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        """Removes the parallel hooks. Under PipeFusion the other stages' blocks are gone for good."""
+        if self._parallel is not None:
+            self._parallel.remove()
+            self._parallel = None

@@ -22,9 +22,9 @@ def request(name: str, height: int, width: int, seed: int = 3, steps: int = 2, p
             per_prompt: int = 1) -> GenerateRequest:
     prompts = prompts or ["a red cat on a blue square"]
     extra = {"max_sequence_length": MAX_SEQ}
-    if name == "flux2":  # tiny Flux2 has no text encoder: fixed prompt embeddings, one row per prompt
+    if name.startswith("flux2"):  # tiny Flux2 has no text encoder: fixed prompt embeddings, one row per prompt
         extra["prompt_embeds"] = torch.randn(len(prompts), 5, 32, generator=torch.Generator().manual_seed(7))
-    guidance = 3.0 if name.startswith("flux") and name != "flux2" else None  # true CFG for Flux
+    guidance = 3.0 if name.startswith("flux") and not name.startswith("flux2") else None  # true CFG for Flux
     return GenerateRequest(prompt=prompts, height=height, width=width, num_inference_steps=steps, seed=seed,
                            guidance_scale=guidance, num_images_per_prompt=per_prompt, extra=extra)
 
@@ -51,3 +51,26 @@ def generate_layout(name: str, degrees: dict, height: int, width: int, seed: int
         return transformer_out, image
     finally:
         engine.close()
+
+
+def generate_fresh(name: str, degrees: dict, height: int, width: int, seed: int = 3, prompts=None, steps: int = 2):
+    """Like generate_layout on a pipeline built for this call (PipeFusion drops other stages' blocks).
+
+    Returns (final image, parameter bytes this rank holds in transformer blocks, in the rest of the transformer).
+    """
+    pipe = tiny_flux_pipeline(heads=6) if name == "flux-6heads" else tiny_pipeline(name)
+    pipe.set_progress_bar_config(disable=True)
+    config = ParallelConfig(**degrees)
+    engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None)
+    try:
+        image = engine.generate(request(name, height, width, seed, steps=steps, prompts=prompts)).images
+    finally:
+        engine.close()
+    block_bytes = other_bytes = 0
+    for pname, param in pipe.transformer.named_parameters():
+        nbytes = param.numel() * param.element_size()
+        if "transformer_blocks." in pname:
+            block_bytes += nbytes
+        else:
+            other_bytes += nbytes
+    return image, block_bytes, other_bytes

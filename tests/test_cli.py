@@ -33,10 +33,11 @@ def run_cli(args, timeout=120, env=None):
 def test_generate_png_with_xdit_aliases(tiny_flux_dir, tmp_path):
     out = tmp_path / "img.png"
     proc, _ = run_cli(["--model", tiny_flux_dir, "--prompt", "a red cat", "--height", "36", "--width", "44",
-                       "--num_inference_steps", "2", "--ulysses_degree", "2", "--output", str(out)])
+                       "--num_inference_steps", "2", "--ulysses_degree", "2", "--pipefusion_parallel_degree", "2",
+                       "--num_pipeline_patch", "3", "--warmup_steps", "1", "--output", str(out)])
     assert proc.returncode == 0, proc.stderr
     assert Image.open(out).size == (44, 36)
-    assert "layout ulysses2 on 2 rank(s)" in proc.stdout
+    assert "layout pp2 x ulysses2 on 4 rank(s)" in proc.stdout
 
 
 def test_npy_output_same_under_torchrun_as_serial(tiny_flux_dir, tmp_path):
@@ -70,9 +71,9 @@ def test_torchrun_world_of_three_for_ulysses2_ring2_fails_before_ranks_start(tin
 @pytest.mark.parametrize("args,message", [
     (["--ulysses-degree", "8"], "exceeds the model's 4 attention heads: use --ulysses-degree <= 4"),
     (["--height", "34"], "height 34 cannot be split into this model's patches: it must be a multiple of 4"),
-    (["--ring-degree", "2", "--pipefusion-parallel-degree", "2"], "PipeFusion is not yet supported"),
+    (["--ring-degree", "2", "--pipefusion-parallel-degree", "2"], "not yet with ring attention"),
     (["--prompt", "a", "--prompt", "b"], "has no {i}"),
-], ids=["ulysses-above-heads", "height", "unsupported-axis", "output-pattern"])
+], ids=["ulysses-above-heads", "height", "unsupported-combination", "output-pattern"])
 def test_bad_configuration_fails_before_ranks_start(tiny_flux_dir, tmp_path, args, message):
     base = ["--model", tiny_flux_dir, "--height", "32", "--width", "32", "--output", str(tmp_path / "x.png")]
     proc, _ = run_cli(base + args)

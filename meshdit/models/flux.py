@@ -1,5 +1,5 @@
 """FLUX.1 (FluxTransformer2DModel): joint text+image attention, RoPE ids given as inputs."""
-from ..parallel.plan import Gather, SequencePlan, Split
+from ..parallel.plan import BlockList, PipelinePlan, Gather, SequencePlan, Split
 
 # Text and image tokens are both sharded; ids are sharded like their tokens, so
 # the RoPE table the model builds from cat(txt_ids, img_ids) matches the local
@@ -14,3 +14,10 @@ PLAN = SequencePlan(
     gathers=(Gather("proj_out", -2, "img"),),
     attention={"*": ("txt", "img")},
 )
+
+PIPELINE = PipelinePlan(blocks=(
+    BlockList("transformer_blocks", ("hidden_states", "encoder_hidden_states"),
+              ("encoder_hidden_states", "hidden_states")),
+    BlockList("single_transformer_blocks", ("hidden_states", "encoder_hidden_states"),
+              ("encoder_hidden_states", "hidden_states")),
+))

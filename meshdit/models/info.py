@@ -85,11 +85,29 @@ class ModelInfo:
             raise ConfigError(
                 f"{height}x{width} gives {tokens} image tokens, fewer than the {config.sp_degree} sequence-parallel "
                 "ranks: raise the resolution or lower --ulysses-degree / --ring-degree.")
+        self._check_pipefusion(config, height // multiple, width // multiple)
         max_patches = self.transformer_config.get("pos_embed_max_size")
         if max_patches and max(height, width) // multiple > max_patches:
             raise ConfigError(
                 f"{height}x{width} exceeds this model's positional embedding ({max_patches} patches per side): "
                 f"use height and width <= {max_patches * multiple}.")
+
+    def _check_pipefusion(self, config: ParallelConfig, token_rows: int, token_cols: int) -> None:
+        stages = config.pipefusion_parallel_degree
+        if stages == 1:
+            return
+        blocks = self.family.num_blocks(self.transformer_config)
+        if stages > blocks:
+            raise ConfigError(f"PipeFusion degree {stages} needs a block per stage, but the model has {blocks} blocks: "
+                              f"use --pipefusion-parallel-degree <= {blocks}.")
+        if config.patches > token_rows:
+            raise ConfigError(
+                f"--num-pipeline-patch {config.patches} exceeds the {token_rows} rows of image tokens at this height: "
+                f"use at most {token_rows} patches, or a larger --height.")
+        if token_rows // config.patches * token_cols < config.sp_degree:
+            raise ConfigError(
+                f"the smallest of {config.patches} patches has fewer image tokens than the {config.sp_degree} "
+                "sequence-parallel ranks: use fewer --num-pipeline-patch or a larger image.")
 
 
 def _read_json(model: str, name: str) -> dict:

@@ -1,5 +1,5 @@
 """PixArt-α / Σ (PixArtTransformer2DModel): image self-attention, cross-attention to text."""
-from ..parallel.plan import LOCAL, OUTPUT, Gather, SequencePlan, Split
+from ..parallel.plan import BlockList, PipelinePlan, LOCAL, OUTPUT, Gather, SequencePlan, Split
 
 # Text stays whole on every rank: cross-attention needs no communication, and
 # its padding mask applies unchanged.
@@ -11,3 +11,5 @@ PLAN = SequencePlan(
         "transformer_blocks.*.attn2": LOCAL,
     },
 )
+
+PIPELINE = PipelinePlan(blocks=(BlockList("transformer_blocks", ("hidden_states",), "hidden_states"),))

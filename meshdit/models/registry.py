@@ -22,6 +22,9 @@ class ModelFamily:
     def plan(self):
         return importlib.import_module(self.plan_module).PLAN
 
+    def pipeline_plan(self):
+        return importlib.import_module(self.plan_module).PIPELINE
+
     def recipe_class(self):
         module, cls = self.recipe.split(":")
         return getattr(importlib.import_module(module), cls)
@@ -30,6 +33,10 @@ class ModelFamily:
         """Height and width must be multiples of this many pixels."""
         patch = 2 if self.packed else int(transformer_config.get("patch_size", 1))
         return vae_scale_factor * patch
+
+    def num_blocks(self, transformer_config: dict) -> int:
+        """Blocks PipeFusion can cut into stages (double- and single-stream blocks alike)."""
+        return int(transformer_config.get("num_layers", 0)) + int(transformer_config.get("num_single_layers", 0))
 
     def guidance_distilled(self, transformer_config: dict) -> bool:
         """The model embeds the guidance scale and has no negative branch (FLUX.2, FLUX.1-dev)."""

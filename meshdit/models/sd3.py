@@ -1,5 +1,5 @@
 """SD3 / SD3.5 (SD3Transformer2DModel): joint attention, plus image-only attn2 in dual-attention blocks."""
-from ..parallel.plan import OUTPUT, Gather, SequencePlan, Split
+from ..parallel.plan import BlockList, PipelinePlan, OUTPUT, Gather, SequencePlan, Split
 
 # The latent is patchified inside forward, so tokens are sharded at the outputs
 # of the patch embedding (which adds the positional embedding) and the text
@@ -15,3 +15,8 @@ PLAN = SequencePlan(
         "transformer_blocks.*.attn": ("img", "txt"),
     },
 )
+
+PIPELINE = PipelinePlan(blocks=(
+    BlockList("transformer_blocks", ("hidden_states", "encoder_hidden_states"),
+              ("encoder_hidden_states", "hidden_states")),
+))

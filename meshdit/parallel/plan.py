@@ -41,3 +41,19 @@ class SequencePlan:
     """Glob over attention module paths -> the streams their q/k/v sequence
     concatenates (any order), or LOCAL. First match wins; every attention module
     in the transformer must match one glob."""
+
+
+@dataclass(frozen=True)
+class BlockList:
+    """A transformer block list PipeFusion splits into stages, and how activations flow through it."""
+
+    path: str  # the ModuleList, e.g. "transformer_blocks"
+    carry: tuple[str, ...]  # block inputs that carry the activations from block to block
+    returns: tuple[str, ...] | str  # what a block returns, named by carry inputs: a tuple, or one tensor
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """Block lists in execution order; their concatenation is cut into contiguous stages."""
+
+    blocks: tuple[BlockList, ...]

@@ -38,14 +38,34 @@ class _SequenceState:
     sp_size: int
     stream_lens: dict[str, list[int]] = field(default_factory=dict)
     """Per-SP-rank token counts of each stream, recorded when the stream is split."""
+    full_lens: dict[str, int] = field(default_factory=dict)
+    """Whole-image token count of each stream, before any patching."""
+    patch: tuple[int, int] | None = None
+    """PipeFusion: the image tokens [start, stop) this forward computes (None: all of them)."""
+    stale_kv: object = None
+    """PipeFusion: the per-layer K/V buffers attention reads from (None: plain sequence parallelism)."""
+
+    PATCHED_STREAM = "img"
 
     def split(self, x: torch.Tensor, dim: int, stream: str) -> torch.Tensor:
-        total = x.shape[dim]
-        self.stream_lens[stream] = split_sizes(total, self.sp_size)
+        self.full_lens[stream] = x.shape[dim]
+        if self.patch is not None and stream == self.PATCHED_STREAM:
+            start, stop = self.patch
+            x = x.narrow(dim, start, stop - start)
+        self.stream_lens[stream] = split_sizes(x.shape[dim], self.sp_size)
         return x.tensor_split(self.sp_size, dim=dim)[self.sp_rank]
 
     def gather(self, x: torch.Tensor, dim: int, stream: str) -> torch.Tensor:
-        return all_gather_uneven(x, dim, self.lens(stream), self.sp_group)
+        x = all_gather_uneven(x, dim, self.lens(stream), self.sp_group)
+        if self.patch is not None and stream == self.PATCHED_STREAM:
+            # the model's own unpatchify needs every token: the patch goes into zeros
+            start, stop = self.patch
+            shape = list(x.shape)
+            shape[dim] = self.full_lens[stream]
+            full = x.new_zeros(shape)
+            full.narrow(dim, start, stop - start).copy_(x)
+            x = full
+        return x
 
     def lens(self, stream: str) -> list[int]:
         if stream not in self.stream_lens:
@@ -72,6 +92,8 @@ class _ActiveAttention:
                 f"{self.module_name}: expected {per_rank[self.state.sp_rank]} local tokens of streams "
                 f"{self.streams}, got q {tuple(query.shape)} k {tuple(key.shape)}: the model plan is wrong"
             )
+        if self.state.stale_kv is not None:
+            return self.state.stale_kv.attention(self, query, key, value, scale)
         return usp_attention(query, key, value, self.state.groups, per_rank, scale, _local_attention)
 
 
@@ -103,10 +125,17 @@ def _named_inputs(module, args, kwargs):
     return dict(bound.arguments)
 
 
-def apply_sequence_parallel(transformer: torch.nn.Module, plan: SequencePlan, mesh: ParallelMesh) -> list:
-    """Hooks `plan` into `transformer`; returns the hook handles (remove() undoes it)."""
+def apply_sequence_parallel(transformer: torch.nn.Module, plan: SequencePlan, mesh: ParallelMesh,
+                            state_out: list | None = None) -> list:
+    """Hooks `plan` into `transformer`; returns the hook handles (remove() undoes it).
+
+    The hooks also serve PipeFusion, which cuts the image stream into patches:
+    `state_out`, when given, receives the shared state that PipeFusion drives.
+    """
     sp_group = mesh.group("sp")
     state = _SequenceState(sequence_groups(mesh), sp_group, dist.get_rank(sp_group), dist.get_world_size(sp_group))
+    if state_out is not None:
+        state_out.append(state)
     modules = dict(transformer.named_modules())
     handles = []
     _install_sdpa_router()

@@ -10,6 +10,7 @@ from .recipe import COND, UNCOND, DenoiseState, Recipe
 
 
 class FluxRecipe(Recipe):
+    packed_tokens = True
     default_steps = 28
     default_guidance = 3.5
     unbatched_keys = ("txt_ids", "img_ids")

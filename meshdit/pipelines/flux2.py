@@ -9,6 +9,7 @@ from .recipe import COND, DenoiseState, Recipe
 
 
 class Flux2Recipe(Recipe):
+    packed_tokens = True
     default_steps = 50
     default_guidance = 4.0
 

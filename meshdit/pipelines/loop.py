@@ -18,12 +18,7 @@ def denoise(recipe: Recipe, state: DenoiseState, cfg_group: dist.ProcessGroup | 
     predictions are exchanged, so both apply the same guidance (exact).
     NOTE: both ranks of `cfg_group` join one all_gather per step.
     """
-    branches = state.branch_names
-    cfg_size = dist.get_world_size(cfg_group) if cfg_group is not None else 1
-    if cfg_size > 1 and len(branches) != cfg_size:
-        raise RuntimeError(f"CFG parallel over {cfg_size} ranks needs {cfg_size} guidance branches, "
-                           f"this generation has {branches}")
-    local = [branches[dist.get_rank(cfg_group)]] if cfg_size > 1 else branches
+    branches, local, cfg_size = local_branches(state, cfg_group)
     latents = state.latents
     fail_at = _injected_failure()
     for i, t in enumerate(tqdm(state.timesteps, disable=not show_progress, desc="denoising", unit="step")):
@@ -35,6 +30,17 @@ def denoise(recipe: Recipe, state: DenoiseState, cfg_group: dist.ProcessGroup | 
         noise_pred = recipe.guide(state, preds)
         latents = recipe.step(state, noise_pred, t, latents)
     return latents
+
+
+def local_branches(state: DenoiseState, cfg_group) -> tuple[list[str], list[str], int]:
+    """(all guidance branches, the ones this rank computes, the CFG group size)."""
+    branches = state.branch_names
+    cfg_size = dist.get_world_size(cfg_group) if cfg_group is not None else 1
+    if cfg_size > 1 and len(branches) != cfg_size:
+        raise RuntimeError(f"CFG parallel over {cfg_size} ranks needs {cfg_size} guidance branches, "
+                           f"this generation has {branches}")
+    local = [branches[dist.get_rank(cfg_group)]] if cfg_size > 1 else branches
+    return branches, local, cfg_size
 
 
 def _exchange_branches(pred: torch.Tensor, branches: list[str], group: dist.ProcessGroup) -> dict:

@@ -104,6 +104,26 @@ class Recipe:
              latents: torch.Tensor) -> torch.Tensor:
         return self.pipe.scheduler.step(noise_pred, t, latents, return_dict=False)[0]
 
+    # -- patches (PipeFusion) -----------------------------------------------
+    packed_tokens = False
+    """Latents are [B, S, C] tokens in row-major order (Flux); else [B, C, h, w] patchified by the model."""
+
+    def token_grid(self, state: DenoiseState) -> tuple[int, int]:
+        """Image tokens as (rows, columns)."""
+        if self.packed_tokens:
+            m = self.pipe.vae_scale_factor * 2
+            return state.height // m, state.width // m
+        p = self.pipe.transformer.config.patch_size
+        return state.latents.shape[2] // p, state.latents.shape[3] // p
+
+    def patch_view(self, state: DenoiseState, latents: torch.Tensor, row0: int, row1: int) -> torch.Tensor:
+        """The part of `latents` (or of a noise prediction) behind token rows row0..row1-1 (a view)."""
+        if self.packed_tokens:
+            cols = self.token_grid(state)[1]
+            return latents[:, row0 * cols:row1 * cols]
+        p = self.pipe.transformer.config.patch_size
+        return latents[:, :, row0 * p:row1 * p]
+
     # -- output ------------------------------------------------------------
     def decode_latents(self, state: DenoiseState, latents: torch.Tensor) -> torch.Tensor:
         """Final latents -> what the pipeline passes to vae.decode ([B, C, h, w])."""

@@ -89,7 +89,7 @@ class RankPool:
                 if conn.poll(0.02):
                     try:
                         status, value = conn.recv()
-                    except EOFError:
+                    except (EOFError, OSError):
                         status, value = "error", f"rank {rank} died (exit code {self._procs[rank].exitcode})"
                     (results if status == "ok" else errors)[rank] = value
                     pending.discard(rank)

@@ -62,12 +62,13 @@ def tiny_vae(latent_channels: int = 4, scaling_factor: float = 0.6, shift_factor
     return AutoencoderKL(**kwargs).eval()
 
 
-def tiny_flux_pipeline(seed: int = 0, heads: int = 4, guidance_embeds: bool = False):
+def tiny_flux_pipeline(seed: int = 0, heads: int = 4, guidance_embeds: bool = False, double: int = 1,
+                       single: int = 1):
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
 
     torch.manual_seed(seed)
     transformer = FluxTransformer2DModel(
-        in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=heads,
+        in_channels=16, num_layers=double, num_single_layers=single, attention_head_dim=16, num_attention_heads=heads,
         joint_attention_dim=32, pooled_projection_dim=16, guidance_embeds=guidance_embeds, axes_dims_rope=(4, 6, 6),
     ).eval()
     return FluxPipeline(
@@ -77,13 +78,13 @@ def tiny_flux_pipeline(seed: int = 0, heads: int = 4, guidance_embeds: bool = Fa
     )
 
 
-def tiny_flux2_pipeline(seed: int = 0):
+def tiny_flux2_pipeline(seed: int = 0, double: int = 1, single: int = 1):
     """Flux2Pipeline without its Mistral text encoder: generate with prompt_embeds."""
     from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Pipeline, Flux2Transformer2DModel
 
     torch.manual_seed(seed)
     transformer = Flux2Transformer2DModel(
-        in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=4,
+        in_channels=16, num_layers=double, num_single_layers=single, attention_head_dim=16, num_attention_heads=4,
         joint_attention_dim=32, timestep_guidance_channels=32, mlp_ratio=2.0, axes_dims_rope=(4, 4, 4, 4),
     ).eval()
     vae = AutoencoderKLFlux2(
@@ -94,13 +95,13 @@ def tiny_flux2_pipeline(seed: int = 0):
                          text_encoder=None, tokenizer=None, transformer=transformer)
 
 
-def tiny_sd3_pipeline(seed: int = 0, sd35: bool = True):
+def tiny_sd3_pipeline(seed: int = 0, sd35: bool = True, layers: int = 2):
     """SD3 (sd35=False) or SD3.5-shaped: dual attention layers and RMS qk-norm."""
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
 
     torch.manual_seed(seed)
     transformer = SD3Transformer2DModel(
-        sample_size=16, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=4,
+        sample_size=16, patch_size=2, in_channels=4, num_layers=layers, attention_head_dim=8, num_attention_heads=4,
         joint_attention_dim=32, caption_projection_dim=32, pooled_projection_dim=32, out_channels=4,
         pos_embed_max_size=32, dual_attention_layers=(0,) if sd35 else (), qk_norm="rms_norm" if sd35 else None,
     ).eval()
@@ -112,13 +113,13 @@ def tiny_sd3_pipeline(seed: int = 0, sd35: bool = True):
     )
 
 
-def tiny_pixart_pipeline(seed: int = 0, variant: str = "sigma"):
+def tiny_pixart_pipeline(seed: int = 0, variant: str = "sigma", layers: int = 2):
     from diffusers import (DPMSolverMultistepScheduler, PixArtAlphaPipeline, PixArtSigmaPipeline,
                            PixArtTransformer2DModel)
 
     torch.manual_seed(seed)
     transformer = PixArtTransformer2DModel(
-        sample_size=16, num_layers=2, patch_size=2, attention_head_dim=8, num_attention_heads=4,
+        sample_size=16, num_layers=layers, patch_size=2, attention_head_dim=8, num_attention_heads=4,
         caption_channels=32, in_channels=4, cross_attention_dim=32, out_channels=8, attention_bias=True,
         activation_fn="gelu-approximate", num_embeds_ada_norm=1000, norm_type="ada_norm_single",
         norm_elementwise_affine=False, norm_eps=1e-6,
@@ -135,6 +136,12 @@ BUILDERS = {
     "sd35": tiny_sd3_pipeline,
     "pixart-sigma": tiny_pixart_pipeline,
     "pixart-alpha": lambda seed=0: tiny_pixart_pipeline(seed, "alpha"),
+    # four blocks, for four pipeline stages
+    "flux-4blocks": lambda seed=0: tiny_flux_pipeline(seed, double=2, single=2),
+    "flux2-4blocks": lambda seed=0: tiny_flux2_pipeline(seed, double=2, single=2),
+    "sd35-4blocks": lambda seed=0: tiny_sd3_pipeline(seed, layers=4),
+    "sd3-4blocks": lambda seed=0: tiny_sd3_pipeline(seed, sd35=False, layers=4),
+    "pixart-sigma-4blocks": lambda seed=0: tiny_pixart_pipeline(seed, layers=4),
 }
 
 

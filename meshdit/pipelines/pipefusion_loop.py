@@ -1,0 +1,102 @@
+"""The denoising loop under PipeFusion: patches stream through the stages, across steps.
+
+Every rank runs the same sequence of transformer forwards (one per patch and
+guidance branch); the stage hooks move activations between ranks. The last
+stage applies guidance, steps the patch's own scheduler and hands the stepped
+patch straight back to stage 0 for the next step, so the pipeline fills once per
+image, not once per step. The first `warmup_steps` steps run on the whole image.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
+
+from ..distributed.comm import split_sizes
+from .loop import _exchange_branches, _injected_failure, local_branches
+from .recipe import DenoiseState, Recipe
+
+
+def pipefusion_denoise(recipe: Recipe, state: DenoiseState, pipefusion, sequence_state,
+                       cfg_group: dist.ProcessGroup | None, warmup_steps: int, num_patches: int,
+                       show_progress: bool = False) -> torch.Tensor:
+    """Returns the final latents on every stage.
+
+    NOTE: every rank of the pp axis runs this with the same state; the last stages
+    of a CFG pair join one all_gather per patch; all stages join the final broadcast.
+    """
+    pf = pipefusion
+    branches, local, cfg_size = local_branches(state, cfg_group)
+    rows, cols = recipe.token_grid(state)
+    sizes = split_sizes(rows, num_patches)
+    patches = [(sum(sizes[:p]), sum(sizes[:p + 1])) for p in range(num_patches)]
+    whole = [(0, rows)]
+    steps = len(state.timesteps)
+
+    def items(step: int) -> list[tuple[int, int]]:
+        return whole if step < warmup_steps else patches
+
+    latents = state.latents.clone()
+    pf.stale_kv.reset()
+    main_scheduler = recipe.pipe.scheduler
+    patch_schedulers = None
+    fail_at = _injected_failure()
+    try:
+        for i, t in enumerate(tqdm(state.timesteps, disable=not show_progress, desc="denoising", unit="step")):
+            if fail_at == i:
+                raise RuntimeError(f"failure injected at step {i} by MESHDIT_FAIL_AT_STEP")
+            if i == warmup_steps:  # from here on each patch steps its own copy of the scheduler
+                patch_schedulers = [_patch_scheduler(main_scheduler, lambda x, p=p: recipe.patch_view(state, x, *p),
+                                                     latents.shape) for p in patches]
+            for p, (row0, row1) in enumerate(items(i)):
+                view = recipe.patch_view(state, latents, row0, row1)
+                if pf.is_first and i > 0 and pf.num_stages > 1:
+                    view.copy_(pf.recv(torch.empty(view.shape, dtype=view.dtype, device=view.device), pf.num_stages - 1))
+                sequence_state.patch = (row0 * cols, row1 * cols)
+                preds = {}
+                for branch in local:
+                    pf.stale_kv.branch = branch
+                    preds.update(recipe.predict(state, latents, t, [branch]))
+                if not pf.is_last:
+                    continue
+                if cfg_size > 1:
+                    preds = _exchange_branches(preds[local[0]], branches, cfg_group)
+                noise_pred = recipe.guide(state, preds)
+                if i < warmup_steps:
+                    latents = recipe.step(state, noise_pred, t, latents)
+                else:
+                    recipe.pipe.scheduler = patch_schedulers[p]
+                    try:
+                        stepped = recipe.step(state, recipe.patch_view(state, noise_pred, row0, row1), t,
+                                              view.clone())
+                    finally:
+                        recipe.pipe.scheduler = main_scheduler
+                    view.copy_(stepped)
+                if pf.num_stages > 1 and i + 1 < steps:
+                    # in the pieces stage 0 will read them next step
+                    for q0, q1 in (items(i + 1) if i < warmup_steps else [(row0, row1)]):
+                        pf.send(recipe.patch_view(state, latents, q0, q1), 0)
+    finally:
+        sequence_state.patch = None
+    pf.finish()
+    if pf.num_stages > 1:
+        latents = pf.broadcast_from_last(latents.contiguous())
+    return latents
+
+
+def _patch_scheduler(scheduler, view, full_shape):
+    """A copy of the scheduler whose latent-shaped history (e.g. DPM-Solver's model_outputs) covers one patch."""
+    patch = copy.deepcopy(scheduler)
+
+    def cut(value):
+        if isinstance(value, torch.Tensor) and value.shape == full_shape:
+            return view(value).clone()
+        if isinstance(value, list):
+            return [cut(v) for v in value]
+        return value
+
+    for name, value in vars(patch).items():
+        setattr(patch, name, cut(value))
+    return patch

@@ -1,0 +1,121 @@
+"""PipeFusion: exact with full warmup; bounded error with one warmup step; a stage's weights only; no hang."""
+import numpy as np
+import pytest
+
+from meshdit.config import ParallelConfig
+from meshdit.errors import ConfigError, RankFailedError
+from meshdit.models.info import ModelInfo
+from meshdit.parallel.pipefusion import balanced_stages
+from meshdit.testing.tiny_models import tiny_pipeline
+from tests import sp_jobs
+
+STEPS = 4
+SIZE = (36, 44)  # 9 x 11 image tokens: patches of uneven height
+# Error bound of stale K/V with one warmup step, as PSNR of the image against the serial image
+# (pixels in [0, 1]). Measured 68-92 dB on these tiny random models (README); the bound keeps margin.
+MIN_PSNR_DB = 50.0
+_REFERENCE: dict = {}
+
+
+def reference(name):
+    if name not in _REFERENCE:
+        _REFERENCE[name] = sp_jobs.generate_fresh(name, {}, *SIZE, steps=STEPS)[0]
+    return _REFERENCE[name]
+
+
+def psnr(a, b):
+    mse = float(((a - b) ** 2).mean())
+    return float("inf") if mse == 0 else 10 * np.log10(1.0 / mse)
+
+
+def run(run_ranks, name, **degrees):
+    world = ParallelConfig(**{k: v for k, v in degrees.items() if k.endswith("degree")}).world_size
+    return run_ranks(world, sp_jobs.generate_fresh, name, degrees, *SIZE, steps=STEPS)
+
+
+FAMILIES_4 = ["flux-4blocks", "flux2-4blocks", "sd35-4blocks", "pixart-sigma-4blocks"]
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize("name", FAMILIES_4)
+def test_full_warmup_equals_serial(run_ranks, name, stages):
+    ref = reference(name)
+    for rank, (image, _, _) in enumerate(run(run_ranks, name, pipefusion_parallel_degree=stages,
+                                             warmup_steps=STEPS, num_pipeline_patch=3)):
+        assert np.abs(image - ref).max() <= 1e-5 * np.abs(ref).max(), f"rank {rank}"
+
+
+@pytest.mark.parametrize("other", [dict(ulysses_degree=2), dict(cfg_degree=2), dict(data_parallel_degree=2)],
+                         ids=["u2", "cfg2", "dp2"])
+@pytest.mark.parametrize("name", ["flux-4blocks", "sd35-4blocks", "pixart-sigma-4blocks"])
+def test_hybrids_with_full_warmup_equal_serial(run_ranks, name, other):
+    prompts = ["a red cat", "a blue dog"] if "data_parallel_degree" in other else None
+    ref = sp_jobs.generate_fresh(name, {}, *SIZE, steps=STEPS, prompts=prompts)[0]
+    degrees = dict(pipefusion_parallel_degree=2, warmup_steps=STEPS, **other)
+    world = ParallelConfig(**{k: v for k, v in degrees.items() if k.endswith("degree")}).world_size
+    results = run_ranks(world, sp_jobs.generate_fresh, name, degrees, *SIZE, steps=STEPS, prompts=prompts)
+    for rank, (image, _, _) in enumerate(results):
+        assert image.shape == ref.shape
+        assert np.abs(image - ref).max() <= 1e-5 * np.abs(ref).max(), f"rank {rank}"
+
+
+@pytest.mark.parametrize("layout", [dict(pipefusion_parallel_degree=2, num_pipeline_patch=3),
+                                    dict(pipefusion_parallel_degree=4, num_pipeline_patch=4),
+                                    dict(pipefusion_parallel_degree=2, ulysses_degree=2)],
+                         ids=["pp2-m3", "pp4-m4", "pp2-u2"])
+@pytest.mark.parametrize("name", FAMILIES_4)
+def test_one_warmup_step_error_is_bounded(run_ranks, name, layout):
+    ref = reference(name)
+    results = run(run_ranks, name, warmup_steps=1, **layout)
+    for rank, (image, _, _) in enumerate(results):
+        quality = psnr(image, ref)
+        assert MIN_PSNR_DB <= quality, f"rank {rank}: PSNR {quality:.1f} dB"
+        assert np.abs(image - ref).max() > 1e-6, "stale K/V should make PipeFusion differ from serial"
+
+
+@pytest.mark.parametrize("name", ["pixart-sigma-4blocks"])  # equal blocks: an exact quarter is possible
+def test_each_rank_holds_a_quarter_of_the_blocks(run_ranks, name):
+    _, all_blocks, _ = sp_jobs.generate_fresh(name, {}, *SIZE, steps=1)
+    for rank, (_, blocks, rest) in enumerate(run_ranks(4, sp_jobs.generate_fresh, name,
+                                                         dict(pipefusion_parallel_degree=4), *SIZE, steps=1)):
+        assert blocks <= all_blocks / 4, f"rank {rank} holds {blocks} of {all_blocks} block bytes"
+        assert rest > 0  # embeddings and output layers stay on every rank
+
+
+def test_stage_that_raises_ends_the_job_without_hang(run_ranks):
+    """Stage 0 then waits for activations that never come: the job still ends, naming stage 1's rank."""
+    with pytest.raises(RankFailedError, match=r"(?s)rank\(s\) \[1\].*failure injected at step 2"):
+        run_ranks(2, _generate_with_env, "pixart-sigma-4blocks", {"MESHDIT_FAIL_AT_STEP": "1:2"}, timeout=120)
+
+
+def _generate_with_env(name, env):
+    import os
+
+    os.environ.update(env)
+    try:
+        return sp_jobs.generate_fresh(name, dict(pipefusion_parallel_degree=2), *SIZE, steps=STEPS)
+    finally:
+        for key in env:
+            os.environ.pop(key, None)
+
+
+def test_balanced_stages_by_weight():
+    assert balanced_stages([1, 1, 1, 1], 4) == [1, 1, 1, 1]
+    assert balanced_stages([4, 1, 1, 1, 1], 2) == [1, 4]
+    with pytest.raises(ValueError, match="at least as many blocks"):
+        balanced_stages([1, 1], 3)
+
+
+@pytest.mark.parametrize("degrees,size,message", [
+    (dict(pipefusion_parallel_degree=4), (32, 32), "needs a block per stage, but the model has 2 blocks"),
+    (dict(pipefusion_parallel_degree=2, num_pipeline_patch=9), (32, 32), "exceeds the 8 rows of image tokens"),
+], ids=["stages-above-blocks", "patches-above-rows"])
+def test_bad_pipefusion_layouts_refused(degrees, size, message):
+    info = ModelInfo.from_pipeline(tiny_pipeline("pixart-sigma"))
+    with pytest.raises(ConfigError, match=message):
+        info.check(ParallelConfig(**degrees), *size)
+
+
+def test_ring_with_pipefusion_refused():
+    with pytest.raises(ConfigError, match="not yet with ring attention"):
+        ParallelConfig(pipefusion_parallel_degree=2, ring_degree=2).validate()
