@@ -63,6 +63,8 @@ def _default_model_settings(args) -> str:
     args.steps = args.steps or default_model.DEFAULT_STEPS
     if args.guidance_scale is None:
         args.guidance_scale = default_model.DEFAULT_GUIDANCE
+    if args.max_sequence_length is None:
+        args.max_sequence_length = default_model.DEFAULT_MAX_SEQUENCE_LENGTH
     return str(default_model.weights_path())
 
 
@@ -108,7 +110,11 @@ def _prompts(args) -> list[str]:
                 prompts += [line.strip() for line in f if line.strip()]
         except OSError as exc:
             raise ConfigError(f"cannot read --prompt-file: {exc}") from None
-    return prompts or ["a red circle on a white background"]
+    if not prompts:
+        from .default_model import DEFAULT_PROMPT
+
+        prompts = [DEFAULT_PROMPT]
+    return prompts
 
 
 def main(argv: list[str] | None = None) -> int:
