@@ -33,23 +33,30 @@ def _no_builtin_tiling(vae):
 
 
 def _check_same_call(latents: torch.Tensor, settings: VaeDecodeSettings, group: dist.ProcessGroup) -> None:
-    """Fails on every rank, naming the odd ones, if ranks disagree on the shape or settings.
+    """Fails on every rank, naming the odd ones, if ranks disagree on the latents or settings.
 
+    Compares shapes, settings and two checksums of the latent values (a plain and a
+    position-weighted sum), so ranks that hold different latents (e.g. a group that
+    crosses data-parallel replicas) are caught instead of decoding a patchwork image.
     NOTE: every rank of the group joins this all_gather (before any other collective),
     so a mismatch is an error on all ranks rather than a hang in a later collective.
     """
+    flat = latents.detach().reshape(-1).to(torch.float64)
+    position = torch.arange(1, flat.numel() + 1, dtype=torch.float64, device=flat.device) / flat.numel()
     mine = torch.tensor([*latents.shape, int(settings.parallel), settings.tile_height or 0,
-                         settings.tile_width or 0, settings.tile_overlap], dtype=torch.int64)
-    if mine.numel() != 8:
-        raise ConfigError(f"latents must be [B, C, h, w]; got shape {tuple(latents.shape)}.")
+                         settings.tile_width or 0, settings.tile_overlap, 0.0, 0.0], dtype=torch.float64)
+    mine[-2:] = torch.stack([flat.sum(), (flat * position).sum()]).cpu()
+    scale = float(flat.abs().sum()) + 1.0
     everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(everyone, mine, group=group)
-    odd = [r for r, t in enumerate(everyone) if not torch.equal(t, everyone[0])]
+    odd = [r for r, t in enumerate(everyone)
+           if not torch.equal(t[:-2], everyone[0][:-2]) or (t[-2:] - everyone[0][-2:]).abs().max() > 1e-9 * scale]
     if odd:
+        what = [[round(v, 4) for v in everyone[r].tolist()] for r in [0, *odd]]
         raise ConfigError(
-            f"VAE decode: group ranks {odd} called decode with a latent shape or settings different from "
-            f"group rank 0 ({everyone[0].tolist()} vs {[everyone[r].tolist() for r in odd]}); every rank of "
-            "the group must decode the same latents with the same settings."
+            f"VAE decode: group ranks {odd} called decode with latents (shape or values) or settings different "
+            f"from group rank 0 ([B, C, h, w, parallel, tile h, tile w, overlap, checksums]: {what}); every rank "
+            "of the group must decode the same latents with the same settings."
         )
 
 

@@ -137,7 +137,8 @@ def _group_norm(module: nn.GroupNorm, plan: BandPlan):
 def _halo_of(conv: nn.Conv2d) -> int:
     """Rows a conv needs from each neighbour; refuses convs the band split cannot reproduce."""
     kh, kw = conv.kernel_size
-    ph, pw = conv.padding if isinstance(conv.padding, tuple) else (None, None)
+    ph, pw = (kh // 2, kw // 2) if conv.padding == "same" else (
+        conv.padding if isinstance(conv.padding, tuple) else (None, None))
     if conv.stride != (1, 1) or conv.dilation != (1, 1) or conv.padding_mode != "zeros" or ph is None:
         raise ConfigError(f"parallel VAE decode supports stride-1, zero-padded convs only; found {conv}. "
                           "Run without --use-parallel-vae (tiling bounds memory too).")
@@ -156,6 +157,12 @@ class BandHooks:
         self.norms: list[nn.GroupNorm] = []
         self.gathered: list[nn.Module] = []
         self._walk(decoder)
+        halo = max((h for _, h in self.convs), default=0)
+        if plan.sizes and min(plan.sizes) < halo:  # same answer on every rank: all refuse, none hangs
+            raise ConfigError(
+                f"parallel VAE decode: {min(plan.sizes)} latent row(s) on some rank but convs need {halo} "
+                f"halo rows from each neighbour; use at most {plan.latent_height // halo} ranks for this image."
+            )
         self._handles: list = []
         self._fixing = False
 

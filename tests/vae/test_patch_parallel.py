@@ -81,9 +81,22 @@ def _mismatched_shapes():
     return None
 
 
+def _mismatched_values():
+    vae = build_vae("AutoencoderKL")
+    seed = 2 if dist.get_rank() == 2 else 1   # same shape, other values (another replica's image)
+    try:
+        decode(vae, latents_for("AutoencoderKL", 1, 8, 6, seed=seed), VaeDecodeSettings(parallel=True),
+               dist.group.WORLD)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
 def test_ranks_that_disagree_fail_with_a_clear_error(run_ranks):
     messages = run_ranks(4, _mismatched_shapes, timeout=60)
     assert all(m is not None and "group ranks [1, 2, 3]" in m and "same latents" in m for m in messages)
+    messages = run_ranks(4, _mismatched_values, timeout=60)
+    assert all(m is not None and "group ranks [2]" in m and "same latents" in m for m in messages)
 
 
 def test_unsupported_decoder_module_is_refused():
