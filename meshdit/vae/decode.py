@@ -77,7 +77,7 @@ def decode(vae, latents: torch.Tensor, settings: VaeDecodeSettings | None = None
     if latents.dim() != 4:
         raise ConfigError(f"latents must be [B, C, h, w]; got shape {tuple(latents.shape)}.")
     scale = upsampling_factor(vae)
-    settings.check_for_vae(scale)
+    settings.validate(scale)
     world = dist.get_world_size(group) if group is not None and dist.is_initialized() else 1
     shared = settings.parallel and world > 1
     rank = dist.get_rank(group) if shared else 0

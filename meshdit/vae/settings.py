@@ -27,8 +27,10 @@ class VaeDecodeSettings:
     def tiled(self) -> bool:
         return self.tile_height is not None or self.tile_width is not None
 
-    def validate(self) -> None:
-        """Checks that need no VAE; decode() adds those that do (multiples of the VAE's scale)."""
+    def validate(self, scale: int = 8) -> None:
+        """Raises ConfigError naming the fix. `scale`: the VAE's upsampling factor; 8 for every
+        supported pipeline's VAE (FLUX.1, FLUX.2, SD3.5, PixArt), so the CLI can check tile
+        sizes before any weights load; decode() checks again against the VAE it is given."""
         if not isinstance(self.parallel, bool):
             raise ConfigError(f"VAE parallel must be True or False, got {self.parallel!r}.")
         for name, flag in (("tile_height", "--vae-tile-height"), ("tile_width", "--vae-tile-width")):
@@ -50,10 +52,6 @@ class VaeDecodeSettings:
                     f"lower the overlap below {value} (a quarter of the tile, {value // 4} px, is usual) "
                     f"or raise {flag} above {overlap}."
                 )
-
-    def check_for_vae(self, scale: int) -> None:
-        """Checks against a VAE whose decoder upsamples by `scale` (8 for FLUX/SD3/PixArt)."""
-        self.validate()
         if not self.tiled:
             return
         for name, flag in (("tile_height", "--vae-tile-height"), ("tile_width", "--vae-tile-width"),

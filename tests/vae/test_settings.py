@@ -21,6 +21,13 @@ def test_validate_names_the_fix(settings, fix):
         settings.validate()
 
 
+def test_tiles_must_be_multiples_of_8_before_any_weights_load():
+    with pytest.raises(ConfigError, match=r"--vae-tile-width \(1001 px\) must be a multiple of .* 8 .*use 1000 or 1008"):
+        VaeDecodeSettings(tile_width=1001).validate()
+    with pytest.raises(ConfigError, match="--vae-tile-overlap \\(4 px\\).*use 8"):
+        VaeDecodeSettings(tile_height=512, tile_overlap=4).validate()
+
+
 def test_good_settings_pass():
     VaeDecodeSettings().validate()
     VaeDecodeSettings(parallel=True, tile_height=1024, tile_width=768, tile_overlap=256).validate()
