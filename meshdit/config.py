@@ -76,10 +76,6 @@ class ParallelConfig:
                 )
         if self.cfg_degree not in (1, 2):
             raise ConfigError(f"cfg degree must be 1 or 2 (one rank group per guidance branch), got {self.cfg_degree}.")
-        if self.pipefusion_parallel_degree > 1 and self.ring_degree > 1:
-            raise ConfigError(
-                "PipeFusion combines with Ulysses, CFG and data parallelism, but not yet with ring attention: "
-                "use --ulysses-degree instead of --ring-degree.")
         if world_size is not None and world_size != self.world_size:
             raise ConfigError(
                 f"The degrees multiply to {self.world_size} ({self._product_text()}) but the world has "

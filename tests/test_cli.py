@@ -40,19 +40,21 @@ def test_generate_png_with_xdit_aliases(tiny_flux_dir, tmp_path):
     assert "layout pp2 x ulysses2 on 4 rank(s)" in proc.stdout
 
 
-def test_npy_output_same_under_torchrun_as_serial(tiny_flux_dir, tmp_path):
-    common = ["--model", tiny_flux_dir, "--prompt", "a red cat", "--height", "32", "--width", "32", "--steps", "2",
-              "--guidance-scale", "2.5"]
-    serial, par = tmp_path / "serial.npy", tmp_path / "par.npy"
-    proc, _ = run_cli(common + ["--output", str(serial)])
+def test_npy_outputs_same_under_torchrun_data_and_ring_parallel_as_serial(tiny_flux_dir, tmp_path):
+    common = ["--model", tiny_flux_dir, "--prompt", "a red cat", "--prompt", "a blue dog", "--height", "32",
+              "--width", "32", "--steps", "2", "--guidance-scale", "2.5"]
+    serial, par = str(tmp_path / "serial-{i}.npy"), str(tmp_path / "par-{i}.npy")
+    proc, _ = run_cli(common + ["--output", serial])
     assert proc.returncode == 0, proc.stderr
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "meshdit", "generate"]
-    proc = subprocess.run(torchrun + common + ["--ring-degree", "2", "--output", str(par)], capture_output=True,
-                          text=True, timeout=180)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "-m", "meshdit", "generate"]
+    proc = subprocess.run(torchrun + common + ["--data-parallel-degree", "2", "--ring-degree", "2", "--output", par],
+                          capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
-    a, b = np.load(serial), np.load(par)
-    assert a.shape == (32, 32, 3) and a.dtype == np.float32 and 0 <= a.min() and a.max() <= 1
-    assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
+    for i in range(2):
+        a, b = np.load(serial.format(i=i)), np.load(par.format(i=i))
+        assert a.shape == (32, 32, 3) and a.dtype == np.float32 and 0 <= a.min() and a.max() <= 1
+        assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
+    assert np.abs(np.load(serial.format(i=0)) - np.load(serial.format(i=1))).max() > 1e-3  # two prompts, two images
 
 
 def test_degrees_that_do_not_match_world_size_are_refused():
@@ -71,9 +73,9 @@ def test_torchrun_world_of_three_for_ulysses2_ring2_fails_before_ranks_start(tin
 @pytest.mark.parametrize("args,message", [
     (["--ulysses-degree", "8"], "exceeds the model's 4 attention heads: use --ulysses-degree <= 4"),
     (["--height", "34"], "height 34 cannot be split into this model's patches: it must be a multiple of 4"),
-    (["--ring-degree", "2", "--pipefusion-parallel-degree", "2"], "not yet with ring attention"),
+    (["--pipefusion-parallel-degree", "3"], "needs a block per stage, but the model has 2 blocks"),
     (["--prompt", "a", "--prompt", "b"], "has no {i}"),
-], ids=["ulysses-above-heads", "height", "unsupported-combination", "output-pattern"])
+], ids=["ulysses-above-heads", "height", "stages-above-blocks", "output-pattern"])
 def test_bad_configuration_fails_before_ranks_start(tiny_flux_dir, tmp_path, args, message):
     base = ["--model", tiny_flux_dir, "--height", "32", "--width", "32", "--output", str(tmp_path / "x.png")]
     proc, _ = run_cli(base + args)

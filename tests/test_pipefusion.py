@@ -45,8 +45,8 @@ def test_full_warmup_equals_serial(run_ranks, name, stages):
         assert np.abs(image - ref).max() <= 1e-5 * np.abs(ref).max(), f"rank {rank}"
 
 
-@pytest.mark.parametrize("other", [dict(ulysses_degree=2), dict(cfg_degree=2), dict(data_parallel_degree=2)],
-                         ids=["u2", "cfg2", "dp2"])
+@pytest.mark.parametrize("other", [dict(ulysses_degree=2), dict(ring_degree=2), dict(cfg_degree=2),
+                                   dict(data_parallel_degree=2)], ids=["u2", "r2", "cfg2", "dp2"])
 @pytest.mark.parametrize("name", ["flux-4blocks", "sd35-4blocks", "pixart-sigma-4blocks"])
 def test_hybrids_with_full_warmup_equal_serial(run_ranks, name, other):
     prompts = ["a red cat", "a blue dog"] if "data_parallel_degree" in other else None
@@ -61,8 +61,9 @@ def test_hybrids_with_full_warmup_equal_serial(run_ranks, name, other):
 
 @pytest.mark.parametrize("layout", [dict(pipefusion_parallel_degree=2, num_pipeline_patch=3),
                                     dict(pipefusion_parallel_degree=4, num_pipeline_patch=4),
-                                    dict(pipefusion_parallel_degree=2, ulysses_degree=2)],
-                         ids=["pp2-m3", "pp4-m4", "pp2-u2"])
+                                    dict(pipefusion_parallel_degree=2, ulysses_degree=2),
+                                    dict(pipefusion_parallel_degree=2, ring_degree=2)],
+                         ids=["pp2-m3", "pp4-m4", "pp2-u2", "pp2-r2"])
 @pytest.mark.parametrize("name", FAMILIES_4)
 def test_one_warmup_step_error_is_bounded(run_ranks, name, layout):
     ref = reference(name)
@@ -116,6 +117,9 @@ def test_bad_pipefusion_layouts_refused(degrees, size, message):
         info.check(ParallelConfig(**degrees), *size)
 
 
-def test_ring_with_pipefusion_refused():
-    with pytest.raises(ConfigError, match="not yet with ring attention"):
-        ParallelConfig(pipefusion_parallel_degree=2, ring_degree=2).validate()
+def test_pipefusion_with_ulysses_and_ring_full_warmup_equals_serial(run_ranks):
+    ref = reference("flux-4blocks")
+    results = run(run_ranks, "flux-4blocks", pipefusion_parallel_degree=2, ulysses_degree=2, ring_degree=2,
+                  warmup_steps=STEPS)
+    for rank, (image, _, _) in enumerate(results):
+        assert np.abs(image - ref).max() <= 1e-5 * np.abs(ref).max(), f"rank {rank}"

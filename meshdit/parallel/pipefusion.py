@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..attention.ulysses import heads_to_seq, seq_to_heads
-from ..distributed.comm import comm_stats
+from ..distributed.comm import all_gather_uneven, comm_stats
 from ..distributed.mesh import ParallelMesh
 from .plan import BlockList, PipelinePlan
 
@@ -58,9 +58,18 @@ class StaleKV:
         lens = {s: state.lens(s) for s in streams}  # per SP rank
         per_rank = [sum(lens[s][r] for s in streams) for r in range(state.sp_size)]
         num_heads = q.shape[1]
-        ulysses = state.groups.ulysses_group if state.groups.ulysses_size > 1 else None
-        if ulysses is not None:  # the whole patch for a head shard: the buffer then holds every token
-            q, k, v = (seq_to_heads(t, ulysses, per_rank) for t in (q, k, v))
+        groups = state.groups
+        u = groups.ulysses_size
+        ulysses = groups.ulysses_group if u > 1 else None
+        ring_me = dist.get_rank(groups.ring_group) if groups.ring_size > 1 else 0
+        members = per_rank[ring_me * u:(ring_me + 1) * u]  # SP ranks of my Ulysses group
+        if ulysses is not None:  # my group's tokens for a head shard
+            q, k, v = (seq_to_heads(t, ulysses, members) for t in (q, k, v))
+        if groups.ring_size > 1:
+            # Every SP rank keeps the whole stale K/V: the ring ranks share the patch's fresh
+            # K/V (in SP rank order, as _by_stream expects); queries stay local.
+            runs = [sum(per_rank[g * u:(g + 1) * u]) for g in range(groups.ring_size)]
+            k, v = (all_gather_uneven(t, 2, runs, groups.ring_group) for t in (k, v))
         buffers = self.buffers.setdefault((active.module_name, self.branch), {})
         keys, values = [], []
         for stream, (fresh_k, fresh_v) in _by_stream(k, v, streams, lens).items():
@@ -75,7 +84,7 @@ class StaleKV:
             values.append(buf_v)
         out = _ORIGINAL_SDPA(q, torch.cat(keys, dim=2), torch.cat(values, dim=2), scale=scale)
         if ulysses is not None:
-            out = heads_to_seq(out, ulysses, per_rank, num_heads)
+            out = heads_to_seq(out, ulysses, members, num_heads)
         return out
 
 
