@@ -17,9 +17,7 @@ class FluxRecipe(Recipe):
 
     def prepare(self, request, generator, device):
         pipe = self.pipe
-        height, width = self.size(request)
-        steps = request.num_inference_steps or self.default_steps
-        scale = self.default_guidance if request.guidance_scale is None else request.guidance_scale
+        height, width, steps, scale = self.settings(request)
         prompts, n = request.prompts, request.num_images_per_prompt
         max_len = request.extra.get("max_sequence_length", 512)
         distilled = pipe.transformer.config.guidance_embeds

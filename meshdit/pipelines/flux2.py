@@ -15,9 +15,7 @@ class Flux2Recipe(Recipe):
 
     def prepare(self, request, generator, device):
         pipe = self.pipe
-        height, width = self.size(request)
-        steps = request.num_inference_steps or self.default_steps
-        scale = self.default_guidance if request.guidance_scale is None else request.guidance_scale
+        height, width, steps, scale = self.settings(request)
         given = request.extra.get("prompt_embeds")  # [B, S, D], for models loaded without a text encoder
         embeds, text_ids = pipe.encode_prompt(
             prompt=None if given is not None else request.prompts, prompt_embeds=given, device=device,

@@ -14,9 +14,7 @@ class PixArtRecipe(Recipe):
 
     def prepare(self, request, generator, device):
         pipe = self.pipe
-        height, width = self.size(request)
-        steps = request.num_inference_steps or self.default_steps
-        scale = self.default_guidance if request.guidance_scale is None else request.guidance_scale
+        height, width, steps, scale = self.settings(request)
         cfg = scale > 1
         alpha = type(pipe).__name__ == "PixArtAlphaPipeline"
         embeds, mask, n_embeds, n_mask = pipe.encode_prompt(

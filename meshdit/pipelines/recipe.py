@@ -49,6 +49,13 @@ class Recipe:
     def prepare(self, request: GenerateRequest, generator: torch.Generator, device: torch.device) -> DenoiseState:
         raise NotImplementedError
 
+    def settings(self, request: GenerateRequest) -> tuple[int, int, int, float]:
+        """(height, width, steps, guidance scale), the family's defaults filling what the request leaves out."""
+        height, width = self.size(request)
+        steps = request.num_inference_steps or self.default_steps
+        scale = self.default_guidance if request.guidance_scale is None else request.guidance_scale
+        return height, width, steps, scale
+
     def size(self, request: GenerateRequest) -> tuple[int, int]:
         sample_size = getattr(self.pipe, "default_sample_size", None) or self.pipe.transformer.config.sample_size
         default = sample_size * self.pipe.vae_scale_factor

@@ -13,9 +13,7 @@ class SD3Recipe(Recipe):
 
     def prepare(self, request, generator, device):
         pipe = self.pipe
-        height, width = self.size(request)
-        steps = request.num_inference_steps or self.default_steps
-        scale = self.default_guidance if request.guidance_scale is None else request.guidance_scale
+        height, width, steps, scale = self.settings(request)
         cfg = scale > 1
         embeds, n_embeds, pooled, n_pooled = pipe.encode_prompt(
             prompt=request.prompts, prompt_2=None, prompt_3=None, device=device,
