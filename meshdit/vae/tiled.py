@@ -30,7 +30,7 @@ def tile_starts(length: int, tile: int | None, overlap: int) -> list[int]:
     return [round(k * (length - tile) / (count - 1)) for k in range(count)]
 
 
-def axis_weights(starts: list[int], tile: int, length: int, scale: int) -> list[torch.Tensor]:
+def axis_weights(starts: list[int], tile: int, scale: int) -> list[torch.Tensor]:
     """Per tile, its weight along this axis in pixels ([tile * scale]); ramps over each shared overlap."""
     weights = []
     for k, start in enumerate(starts):
@@ -54,7 +54,7 @@ def tiled_decode(decode_tile, latents: torch.Tensor, scale: int, out_channels: i
     b, _, h, w = latents.shape
     th, tw = min(tile_h or h, h), min(tile_w or w, w)
     ys, xs = tile_starts(h, th, overlap), tile_starts(w, tw, overlap)
-    wy, wx = axis_weights(ys, th, h, scale), axis_weights(xs, tw, w, scale)
+    wy, wx = axis_weights(ys, th, scale), axis_weights(xs, tw, scale)
     world = dist.get_world_size(group) if group is not None else 1
     me = dist.get_rank(group) if group is not None else 0
     tiles = [(i, j) for i in range(len(ys)) for j in range(len(xs))]

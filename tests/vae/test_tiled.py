@@ -31,7 +31,7 @@ def test_layout_covers_the_axis_with_at_least_the_overlap(length, tile, overlap)
     tile = min(tile, length)
     assert starts[0] == 0 and starts[-1] + tile == length
     assert all(b - a <= tile - overlap for a, b in zip(starts, starts[1:]))   # neighbours share >= overlap
-    weights = axis_weights(starts, tile, length, SCALE)
+    weights = axis_weights(starts, tile, SCALE)
     total = torch.zeros(length * SCALE, dtype=torch.float64)
     for s, w in zip(starts, weights):
         assert (w > 0).all()
@@ -129,8 +129,9 @@ def _tiled_on_group(kind, ranks, shape):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_tiles_shared_over_ranks_equal_local_tiling(run_ranks, kind):
-    # 20 x 28 latent: 2 x 2 tiles, shared unevenly over 3 ranks; 14 x 20: one tile for 4 ranks
-    for shape, worlds in [((20, 28), (2, 3)), ((14, 20), (4,))]:
+    # 20 x 28 latent: 2 x 2 tiles, shared unevenly over 3 ranks; 14 x 40: 1 x 2 tiles for 4 ranks
+    for shape, worlds, tiles in [((20, 28), (2, 3), 4), ((14, 40), (4,), 2)]:
+        assert len(tile_starts(shape[0], 16, 4)) * len(tile_starts(shape[1], 24, 4)) == tiles
         local = decode(build_vae(kind), latents_for(kind, 1, *shape),
                        VaeDecodeSettings(tile_height=64, tile_width=96, tile_overlap=16))
         for world in worlds:
