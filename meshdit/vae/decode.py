@@ -6,6 +6,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
+from ..distributed.comm import comm_stats
 from ..errors import ConfigError
 from .memory import track_peak_memory
 from .patch_parallel import decode_bands, plan_bands
@@ -48,6 +49,7 @@ def _check_same_call(latents: torch.Tensor, settings: VaeDecodeSettings, group: 
     mine[-2:] = torch.stack([flat.sum(), (flat * position).sum()]).cpu()
     scale = float(flat.abs().sum()) + 1.0
     everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    comm_stats.add("vae_check_all_gather", mine.numel() * mine.element_size() * (len(everyone) - 1))
     dist.all_gather(everyone, mine, group=group)
     odd = [r for r, t in enumerate(everyone)
            if not torch.equal(t[:-2], everyone[0][:-2]) or (t[-2:] - everyone[0][-2:]).abs().max() > 1e-9 * scale]
