@@ -6,6 +6,7 @@ rank that dies, or Ctrl-C. The error names the rank.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -52,14 +53,21 @@ def launch(entry: Callable[[Any], None], payload: Any, world_size: int) -> None:
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
         raise RankFailedError(_first_failure(failures, exc)) from None
     except KeyboardInterrupt:
-        for proc in context.processes:
-            if proc.is_alive():
-                proc.terminate()
-        for proc in context.processes:
-            proc.join(timeout=5)
-            if proc.is_alive():
-                proc.kill()
+        _stop(context)
         raise
+    finally:
+        shutil.rmtree(failures, ignore_errors=True)
+
+
+def _stop(context) -> None:
+    """Ends every rank process: politely first, then for good."""
+    for proc in context.processes:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in context.processes:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
 
 
 def _run_rank(entry: Callable[[Any], None], payload: Any, failures: str | None = None) -> None:
