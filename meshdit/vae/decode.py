@@ -45,8 +45,9 @@ def _check_same_call(latents: torch.Tensor, settings: VaeDecodeSettings, group: 
     flat = latents.detach().reshape(-1).to(torch.float64)
     position = torch.arange(1, flat.numel() + 1, dtype=torch.float64, device=flat.device) / flat.numel()
     mine = torch.tensor([*latents.shape, int(settings.parallel), settings.tile_height or 0,
-                         settings.tile_width or 0, settings.tile_overlap, 0.0, 0.0], dtype=torch.float64)
-    mine[-2:] = torch.stack([flat.sum(), (flat * position).sum()]).cpu()
+                         settings.tile_width or 0, settings.tile_overlap, 0.0, 0.0],
+                        dtype=torch.float64, device=flat.device)   # on the latents' device: NCCL needs it there
+    mine[-2:] = torch.stack([flat.sum(), (flat * position).sum()])
     scale = float(flat.abs().sum()) + 1.0
     everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     comm_stats.add("vae_check_all_gather", mine.numel() * mine.element_size() * (len(everyone) - 1))
