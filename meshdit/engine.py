@@ -8,7 +8,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .config import GenerateRequest
+from .config import GenerateRequest, ParallelConfig
 from .distributed.comm import split_sizes
 from .distributed.mesh import ParallelMesh
 from .models.info import ModelInfo
@@ -50,10 +50,10 @@ class Engine:
         return cls(load_pipeline(model, device, torch_dtype), mesh, vae)
 
     def check(self, request: GenerateRequest) -> None:
-        """Raises ConfigError if this request cannot run on this layout."""
-        if self.mesh is not None:
-            num_images = len(request.prompts) * request.num_images_per_prompt
-            self.info.check(self.mesh.config, *self.recipe.size(request), request.guidance_scale, num_images)
+        """Raises ConfigError if this request cannot run on this layout (or at all)."""
+        config = self.mesh.config if self.mesh is not None else ParallelConfig()
+        num_images = len(request.prompts) * request.num_images_per_prompt
+        self.info.check(config, *self.recipe.size(request), request.guidance_scale, num_images)
 
     @torch.inference_mode()
     def generate(self, request: GenerateRequest, output_type: str = "np", show_progress: bool = False) -> GenerateResult:

@@ -1,0 +1,95 @@
+"""Scores the bundled default model's held-out prompts under several layouts (issue: same score under
+every exact layout; PipeFusion with one warmup step loses at most 2 points).
+
+    python -m benchmarks.default_model_layouts [--limit N] [--out benchmarks/results/default_model_layouts.md]
+
+Every layout generates each evaluation prompt with seed (seed + index), like
+`python -m meshdit.default_model.evaluate`, through meshdit's Engine on a pool of gloo ranks.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+LAYOUTS = {
+    "serial": {},
+    "ulysses 2": dict(ulysses_degree=2),
+    "ring 2": dict(ring_degree=2),
+    "ulysses 2 x ring 2": dict(ulysses_degree=2, ring_degree=2),
+    "cfg 2": dict(cfg_degree=2),
+    "pipefusion 2, full warmup": dict(pipefusion_parallel_degree=2, warmup_steps=10_000),
+    "pipefusion 2, 1 warmup step": dict(pipefusion_parallel_degree=2, warmup_steps=1),
+    "pipefusion 4, 1 warmup step": dict(pipefusion_parallel_degree=4, warmup_steps=1),
+}
+
+
+def generate_all(degrees: dict, prompts: list[str], seed: int):
+    """Runs on every rank: the default model over `degrees`; returns all images (rank results agree)."""
+    import torch
+    from diffusers import FluxPipeline
+
+    from meshdit import default_model as dm
+    from meshdit.config import GenerateRequest, ParallelConfig
+    from meshdit.engine import Engine
+    from meshdit.testing.rank_pool import mesh_for
+
+    config = ParallelConfig(**degrees)
+    pipe = FluxPipeline.from_pretrained(dm.weights_path())
+    pipe.set_progress_bar_config(disable=True)
+    engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None)
+    images, start = [], time.perf_counter()
+    with torch.inference_mode():
+        for i, prompt in enumerate(prompts):
+            request = GenerateRequest(
+                prompt=prompt, negative_prompt=dm.DEFAULT_NEGATIVE_PROMPT, height=dm.DEFAULT_HEIGHT,
+                width=dm.DEFAULT_WIDTH, num_inference_steps=dm.DEFAULT_STEPS, guidance_scale=dm.DEFAULT_GUIDANCE,
+                seed=seed + i, extra={"max_sequence_length": dm.DEFAULT_MAX_SEQUENCE_LENGTH})
+            images.append(engine.generate(request).images[0])
+    engine.close()
+    return np.stack(images), time.perf_counter() - start
+
+
+def main() -> None:
+    from meshdit.config import ParallelConfig
+    from meshdit.default_model import dataset
+    from meshdit.default_model.evaluate import score_image
+    from meshdit.testing.rank_pool import close_all_pools, get_pool
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--limit", type=int, default=None, help="only the first N evaluation prompts")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="benchmarks/results/default_model_layouts.md")
+    args = parser.parse_args()
+    prompts = list(dataset.EVAL_PROMPTS[: args.limit] if args.limit else dataset.EVAL_PROMPTS)
+    rows, serial = [], None
+    try:
+        for name, degrees in LAYOUTS.items():
+            world = ParallelConfig(**degrees).world_size
+            if world == 1:
+                images, seconds = generate_all(degrees, prompts, args.seed)
+            else:
+                images, seconds = get_pool(world).run(generate_all, degrees, prompts, args.seed, timeout=3600)[0]
+            score = 100.0 * sum(score_image(img, p) for img, p in zip(images, prompts)) / len(prompts)
+            serial = images if serial is None else serial
+            diff = float(np.abs(images - serial).max())
+            mse = float(((images - serial) ** 2).mean())
+            psnr = float("inf") if mse == 0 else 10 * np.log10(1.0 / mse)
+            rows.append((name, world, score, diff, psnr, seconds / len(prompts)))
+            print(f"{name}: score {score:.1f}%  max|diff| {diff:.2e}  PSNR {psnr:.1f} dB  "
+                  f"{seconds / len(prompts):.2f} s/image", flush=True)
+    finally:
+        close_all_pools()
+    lines = [f"Default model, {len(prompts)} held-out prompts, seeds {args.seed}..{args.seed + len(prompts) - 1} "
+             f"(`python -m benchmarks.default_model_layouts`)", "",
+             "| layout | ranks | score | max abs diff vs serial | PSNR vs serial | s / image |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {n} | {w} | {s:.1f}% | {d:.1e} | {p:.1f} dB | {t:.2f} |" for n, w, s, d, p, t in rows]
+    with open(args.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
