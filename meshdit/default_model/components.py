@@ -3,11 +3,10 @@ scheduler) from code, so training needs no download."""
 
 from __future__ import annotations
 
-import json
+from collections import Counter
 
 import torch
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer, T5Config, T5EncoderModel, T5TokenizerFast
 
 from .dataset import SHAPES, vocabulary
@@ -15,21 +14,36 @@ from .dataset import SHAPES, vocabulary
 TEXT_DIM = 64  # hidden size of both tiny text encoders
 
 
+def _bpe(words: list[str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Learn BPE merges until every word is one token. Pure Python and deterministic
+    (ties broken alphabetically): the `tokenizers` trainer breaks ties differently in
+    every process, which silently changes token ids between training and inference."""
+    seqs = [list(w[:-1]) + [w[-1] + "</w>"] for w in sorted(set(words))]
+    chars = sorted({c for w in words for c in w})
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for tok in chars + [c + "</w>" for c in chars]:
+        vocab[tok] = len(vocab)
+    merges: list[tuple[str, str]] = []
+    while True:
+        counts = Counter(pair for s in seqs for pair in zip(s, s[1:]))
+        if not counts:
+            break
+        a, b = min(counts, key=lambda p: (-counts[p], p))
+        merges.append((a, b))
+        vocab.setdefault(a + b, len(vocab))
+        for s in seqs:
+            i = 0
+            while i < len(s) - 1:
+                if s[i] == a and s[i + 1] == b:
+                    s[i : i + 2] = [a + b]
+                i += 1
+    return vocab, merges
+
+
 def clip_tokenizer() -> CLIPTokenizer:
     """CLIP BPE tokenizer whose merges make every caption word (and plural) one token."""
-    words = vocabulary() + [s + "s" for s in SHAPES]
-    bpe = Tokenizer(models.BPE(end_of_word_suffix="</w>"))
-    bpe.pre_tokenizer = pre_tokenizers.Whitespace()
-    trainer = trainers.BpeTrainer(
-        vocab_size=10_000,
-        special_tokens=["<|startoftext|>", "<|endoftext|>"],
-        end_of_word_suffix="</w>",
-        show_progress=False,
-    )
-    bpe.train_from_iterator(words * 3, trainer)  # deterministic for a fixed word list
-    model = json.loads(bpe.to_str())["model"]
-    merges = [tuple(m) if isinstance(m, list) else tuple(m.split()) for m in model["merges"]]
-    return CLIPTokenizer(vocab=model["vocab"], merges=merges, model_max_length=77)
+    vocab, merges = _bpe(vocabulary() + [s + "s" for s in SHAPES])
+    return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=77)
 
 
 def t5_tokenizer() -> T5TokenizerFast:

@@ -205,17 +205,20 @@ def check_evaluator(n: int = 200, sizes=(192, 256, 320)) -> dict[str, float]:
 
 
 def generate_and_score(model: str, steps: int, seed: int, guidance: float, size: int, limit: int | None,
-                       save: str | None, verbose: bool) -> float:
+                       save: str | None, verbose: bool, every: int = 1) -> float:
     import torch
     from diffusers import FluxPipeline
 
     from . import DEFAULT_MAX_SEQUENCE_LENGTH, DEFAULT_NEGATIVE_PROMPT
 
     torch.set_num_threads(1)
+    t_load = time.time()
     pipe = FluxPipeline.from_pretrained(model)
     pipe.set_progress_bar_config(disable=True)
-    prompts = D.EVAL_PROMPTS[:limit] if limit else D.EVAL_PROMPTS
+    print(f"pipeline load: {time.time() - t_load:.2f}s")
+    prompts = D.EVAL_PROMPTS[::every][:limit] if limit else D.EVAL_PROMPTS[::every]
     passed, images, t_total = 0, [], 0.0
+    wrong = {"background": 0, "colour": 0, "count": 0, "shapes": 0, "position": 0}
     for i, prompt in enumerate(prompts):
         t0 = time.time()
         img = pipe(
@@ -232,6 +235,8 @@ def generate_and_score(model: str, steps: int, seed: int, guidance: float, size:
         t_total += time.time() - t0
         errs = mismatches(img, prompt)
         passed += not errs
+        for e in errs:
+            wrong[e.split()[0]] += 1
         if verbose:
             print(f"{'PASS' if not errs else 'FAIL'} {prompt!r} {'; '.join(errs)}", flush=True)
         if save:
@@ -239,6 +244,10 @@ def generate_and_score(model: str, steps: int, seed: int, guidance: float, size:
     score = 100.0 * passed / len(prompts)
     print(f"seconds per image (generation only, {size}x{size}, {steps} steps, true_cfg {guidance}): "
           f"{t_total / len(prompts):.2f}")
+    n_pos = sum(D.parse_prompt(p).position is not None for p in prompts)
+    parts = ", ".join(f"{k} {100 * (1 - v / (n_pos if k == 'position' else len(prompts))):.0f}%"
+                      for k, v in wrong.items() if k != "position" or n_pos)
+    print(f"per attribute correct: {parts}")
     print(f"score: {score:.1f}% ({passed}/{len(prompts)} held-out prompts)")
     if save:
         from PIL import Image
@@ -261,6 +270,7 @@ def main() -> None:
     ap.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE, help="true_cfg_scale")
     ap.add_argument("--size", type=int, default=DEFAULT_HEIGHT)
     ap.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    ap.add_argument("--every", type=int, default=1, help="only every k-th prompt (quick checks)")
     ap.add_argument("--save", default=None, help="write a grid of the images to this PNG")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--check-evaluator", action="store_true", help="score ground-truth images instead")
@@ -270,7 +280,7 @@ def main() -> None:
             print(f"{k}: {100 * v:.1f}%")
         return
     generate_and_score(args.model, args.steps, args.seed, args.guidance, args.size, args.limit, args.save,
-                       not args.quiet)
+                       not args.quiet, every=args.every)
 
 
 if __name__ == "__main__":

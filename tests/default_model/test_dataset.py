@@ -50,3 +50,21 @@ def test_caption_words_are_in_vocabulary():
     for s in D.all_scenes(held_out=False)[:50] + D.all_scenes(held_out=True):
         for w in s.caption.split():
             assert w in vocab or (w.endswith("s") and w[:-1] in vocab)
+
+
+def test_clip_tokenizer_is_deterministic_across_processes():
+    import subprocess
+    import sys
+
+    code = (
+        "from meshdit.default_model.components import clip_tokenizer;"
+        "t = clip_tokenizer(); print(t('three pink diamonds at the top on a gray background').input_ids, len(t))"
+    )
+    import os
+
+    outs = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+        for seed in ("1", "2")
+    }
+    assert len(outs) == 1, outs
