@@ -35,6 +35,7 @@ def generate_all(degrees: dict, prompts: list[str], seed: int):
     from meshdit.engine import Engine
     from meshdit.testing.rank_pool import mesh_for
 
+    torch.set_num_threads(1)  # like the CLI's ranks (and the pool's)
     config = ParallelConfig(**degrees)
     pipe = FluxPipeline.from_pretrained(dm.weights_path())
     pipe.set_progress_bar_config(disable=True)
