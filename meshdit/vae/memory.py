@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import weakref
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+
+from ..memory import PeakAllocations
 
 _last_report: dict = {}
 _METHODS = ("tensors", "allocator")
@@ -48,44 +47,6 @@ def _allocator_peak(prof) -> int:
         current += nbytes
         peak = max(peak, current)
     return peak
-
-
-class _StorageTracker(TorchDispatchMode):
-    """Counts live bytes of storages created by ops run under it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.current = 0
-        self.peak = 0
-        self.allocations = 0
-        self._live: set[int] = set()
-
-    def _freed(self, key: int, nbytes: int) -> None:
-        self._live.discard(key)
-        self.current -= nbytes
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = None
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor) or t.device.type == "meta":
-                continue
-            storage = t.untyped_storage()
-            key = storage._cdata
-            if key in self._live:
-                continue
-            if inputs is None:  # views and in-place results share an input's storage: not new
-                inputs = {x.untyped_storage()._cdata for x in tree_leaves((args, kwargs))
-                          if isinstance(x, torch.Tensor) and x.device.type != "meta"}
-            if key in inputs:
-                continue
-            nbytes = storage.nbytes()
-            self._live.add(key)
-            self.current += nbytes
-            self.allocations += 1
-            self.peak = max(self.peak, self.current)
-            weakref.finalize(storage, self._freed, key, nbytes)
-        return out
 
 
 def _rss_bytes() -> tuple[int, int]:
@@ -135,11 +96,11 @@ def track_peak_memory(device: torch.device, **details):
                    "the decode; includes op-internal scratch, excludes memory allocated before",
         )
     else:
-        tracker = _StorageTracker()
+        tracker = PeakAllocations()
         with tracker:
             yield report
         report.update(
-            peak_bytes=tracker.peak,
+            peak_bytes=tracker.peak_bytes,
             tensor_allocations=tracker.allocations,
             method="sum of live tensor storages created during the decode (TorchDispatchMode + weakref "
                    "finalizers); excludes weights, inputs and op-internal scratch",
