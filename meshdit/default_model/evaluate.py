@@ -2,6 +2,7 @@
 
     python -m meshdit.default_model.evaluate [--model DIR] [--steps N] [--seed S]
     python -m meshdit.default_model.evaluate --check-evaluator
+    python -m meshdit.default_model.evaluate --check-vae [--model DIR]
 
 The analysis is classic image processing: the background colour is the median of
 the border pixels; every pixel is classified to the nearest palette colour; the
@@ -201,6 +202,24 @@ def check_evaluator(n: int = 200, sizes=(192, 256, 320)) -> dict[str, float]:
     return res
 
 
+def check_vae(model: str, n: int = 48, size: int = 256) -> float:
+    """Share of held-out ground-truth images that still pass after the model's VAE
+    encodes (posterior mean) and decodes them: the ceiling the VAE puts on the score."""
+    import torch
+    from diffusers import AutoencoderKL
+
+    torch.set_num_threads(1)
+    vae = AutoencoderKL.from_pretrained(model, subfolder="vae").eval()
+    passed = 0
+    with torch.inference_mode():
+        for i in range(n):
+            img, cap = D.sample(800_000 + i, size=size, held_out=True)
+            x = torch.from_numpy(img).permute(2, 0, 1)[None].float() / 127.5 - 1.0  # [1, 3, H, W]
+            rec = vae.decode(vae.encode(x).latent_dist.mean).sample[0]  # [3, H, W]
+            passed += score_image(((rec.permute(1, 2, 0) + 1) / 2).clamp(0, 1).numpy(), cap)
+    return passed / n
+
+
 # ---------------------------------------------------------------- model evaluation
 
 
@@ -274,7 +293,11 @@ def main() -> None:
     ap.add_argument("--save", default=None, help="write a grid of the images to this PNG")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--check-evaluator", action="store_true", help="score ground-truth images instead")
+    ap.add_argument("--check-vae", action="store_true", help="score VAE round trips of ground-truth images")
     args = ap.parse_args()
+    if args.check_vae:
+        print(f"VAE round trip pass: {100 * check_vae(args.model):.1f}% of 48 held-out ground-truth images")
+        return
     if args.check_evaluator:
         for k, v in check_evaluator().items():
             print(f"{k}: {100 * v:.1f}%")

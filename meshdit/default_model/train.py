@@ -103,7 +103,7 @@ def train_vae(work: Path, minutes: float, seed: int, batch: int = 16, crop: int 
 
 # ---------------------------------------------------------------- latents + captions
 
-SIZES = {192: 500, 256: 2000, 320: 500}  # images encoded per training resolution
+SIZES = {256: 6000}  # images encoded per training resolution (the default 256 px only)
 MAX_SEQ = 32  # T5 tokens; see DEFAULT_MAX_SEQUENCE_LENGTH
 
 

@@ -73,6 +73,12 @@ def test_default_settings_get_background_and_colour_right(pipe):
 
 
 @needs_weights
+def test_vae_round_trip_keeps_ground_truth_images_passing():
+    # The VAE bounds the score: what it encodes and decodes must still pass the evaluator.
+    assert E.check_vae(str(WEIGHTS), n=8) == 1.0
+
+
+@needs_weights
 def test_saved_tokenizers_match_the_code_that_trained_the_model(pipe):
     # The caption embeddings used in training come from components.clip_tokenizer /
     # t5_tokenizer; the saved ones must give the same ids (a tokenizer whose ids vary
