@@ -4,7 +4,7 @@
 
 Stages (each resumable from DIR/work/):
   vae        train a small AutoencoderKL on crops of dataset images
-  latents    encode a fixed set of dataset images (192/256/320 px) and their captions
+  latents    encode a fixed set of 256 px dataset images (SIZES) and their captions
   dit        rectified-flow training of a small FluxTransformer2DModel on those latents
   save       assemble FluxPipeline(...) and save_pretrained(DIR) (fp16 weights)
 
