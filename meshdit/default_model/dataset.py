@@ -8,8 +8,8 @@ colour and one kind on a plain background; the caption says which:
     "three blue squares on a black background"
 
 Position words are only used for a single shape; a pair stands side by side and a
-triple forms a triangle (see SLOTS). Shape colours and background colours are disjoint word sets, so a
-caption is unambiguous as a bag of words.
+triple forms a triangle (see SLOTS). Shape colours and background colours are
+disjoint word sets, so a caption is unambiguous as a bag of words.
 
 Held-out combinations: the (colour, shape) pairs in HELD_OUT_PAIRS never appear in
 training. EVAL_PROMPTS, the fixed evaluation list, uses only those pairs.

@@ -6,7 +6,7 @@ Stages (each resumable from DIR/work/):
   vae        train a small AutoencoderKL on crops of dataset images
   latents    encode a fixed set of 256 px dataset images (SIZES) and their captions
   dit        rectified-flow training of a small FluxTransformer2DModel on those latents
-  save       assemble FluxPipeline(...) and save_pretrained(DIR) (fp16 weights)
+  save       assemble FluxPipeline(...) and save_pretrained(DIR) (fp32 weights)
 
 Text encoders are tiny, random and frozen; their outputs for every caption are
 computed once. Timesteps follow FluxPipeline's sampler: sigma = time_shift(mu, u)

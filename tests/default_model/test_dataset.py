@@ -53,6 +53,7 @@ def test_caption_words_are_in_vocabulary():
 
 
 def test_clip_tokenizer_is_deterministic_across_processes():
+    import os
     import subprocess
     import sys
 
@@ -60,8 +61,6 @@ def test_clip_tokenizer_is_deterministic_across_processes():
         "from meshdit.default_model.components import clip_tokenizer;"
         "t = clip_tokenizer(); print(t('three pink diamonds at the top on a gray background').input_ids, len(t))"
     )
-    import os
-
     outs = {
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                        env={**os.environ, "PYTHONHASHSEED": seed}).stdout
