@@ -9,18 +9,28 @@ Scripts (alone, or one process per rank under torchrun):
     meshdit.shutdown()
 """
 from .config import GenerateRequest, ParallelConfig
-from .distributed.mesh import ParallelMesh
-from .engine import Engine, GenerateResult
 from .errors import ConfigError, RankFailedError
+
+# torch, diffusers and transformers take seconds to import; `meshdit --help` and the checks made before any
+# rank starts need none of them, so the names that do are imported on first use.
+_LAZY = {"Engine": ".engine", "GenerateResult": ".engine", "ParallelMesh": ".distributed.mesh"}
 
 __all__ = ["ConfigError", "Engine", "GenerateRequest", "GenerateResult", "ParallelConfig", "ParallelMesh",
            "RankFailedError", "init", "shutdown"]
 __version__ = "0.1.0"
 
 
-def init(config: ParallelConfig) -> ParallelMesh:
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def init(config: ParallelConfig) -> "ParallelMesh":
     """Joins the process group (from torchrun's env, or a world of one) and builds the mesh."""
-    from .distributed.mesh import init_distributed
+    from .distributed.mesh import ParallelMesh, init_distributed
 
     config.validate()
     return ParallelMesh.build(config, init_distributed())

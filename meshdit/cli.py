@@ -69,10 +69,8 @@ def _default_model_settings(args) -> str:
 
 
 def generate_command(args) -> None:
-    from .distributed.launch import launch
     from .models.info import ModelInfo
     from .output import check_output_path
-    from .runner import GenerateJob, run_generate
 
     model = args.model or _default_model_settings(args)
     config = ParallelConfig(
@@ -98,6 +96,10 @@ def generate_command(args) -> None:
     num_images = len(prompts) * args.num_images_per_prompt
     info.check(config, height, width, request.guidance_scale, num_images)
     check_output_path(args.output, num_images)
+    # torch, diffusers and transformers are imported only now that the request is known to be valid.
+    from .distributed.launch import launch
+    from .runner import GenerateJob, run_generate
+
     job = GenerateJob(model, config, request, args.output, args.dtype, args.verbose, vae)
     launch(run_generate, job, config.world_size)
 

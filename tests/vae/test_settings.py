@@ -3,7 +3,7 @@ import pytest
 
 from meshdit.errors import ConfigError
 from meshdit.vae import VaeDecodeSettings, decode
-from meshdit.vae.decode import upsampling_factor
+from meshdit.vae.decoding import upsampling_factor
 
 from .tiny_vaes import build_vae, latents_for
 

@@ -1,4 +1,4 @@
-"""meshdit.vae.decode: one entry point for local, patch-parallel, tiled and parallel+tiled decodes."""
+"""meshdit.vae.decode(): one entry point for local, patch-parallel, tiled and parallel+tiled decodes."""
 from __future__ import annotations
 
 import contextlib
