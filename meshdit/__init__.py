@@ -10,6 +10,7 @@ Scripts (alone, or one process per rank under torchrun):
 """
 from .config import GenerateRequest, ParallelConfig
 from .errors import ConfigError, RankFailedError
+from .lazy import lazy_names
 
 # torch, diffusers and transformers take seconds to import; `meshdit --help` and the checks made before any
 # rank starts need none of them, so the names that do are imported on first use.
@@ -18,14 +19,7 @@ _LAZY = {"Engine": ".engine", "GenerateResult": ".engine", "ParallelMesh": ".dis
 __all__ = ["ConfigError", "Engine", "GenerateRequest", "GenerateResult", "ParallelConfig", "ParallelMesh",
            "RankFailedError", "init", "shutdown"]
 __version__ = "0.1.0"
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 def init(config: ParallelConfig) -> "ParallelMesh":

@@ -5,17 +5,11 @@
     image = decode(vae, latents, settings, group)   # every rank of the group calls it; all get the image
     peak_memory_report()                     # activation peak of the last decode on this rank
 """
+from ..lazy import lazy_names
 from .settings import VaeDecodeSettings
 
 # decode needs torch and diffusers; the settings (checked before any rank starts) need neither.
 _LAZY = {"decode": ".decoding", "upsampling_factor": ".decoding", "peak_memory_report": ".memory",
          "set_memory_method": ".memory"}
 __all__ = ["VaeDecodeSettings", "decode", "peak_memory_report", "set_memory_method", "upsampling_factor"]
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
