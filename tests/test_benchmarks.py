@@ -55,3 +55,16 @@ def test_measured_bytes_match_formula(quick_results):
                     assert abs(measured / v["formula_bytes"] - 1) <= 0.10, (case["image_tokens"], name, impl, v)
                 checked += 1
     assert checked >= 2 * 4  # ulysses2 and ring2, meshdit and diffusers, at each quick size
+
+
+def test_end_to_end_benchmark_times_both_processes():
+    """One round of `python -m benchmarks.end_to_end`: both rows are printed with their times (never asserted)."""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.end_to_end", "--rounds", "1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and " s |" in line]
+    assert len(rows) == 2 and "meshdit generate" in rows[0] and "FluxPipeline.from_pretrained" in rows[1]
+    for row in rows:
+        median = float(row.split("|")[2].strip().removesuffix(" s"))
+        assert median > 0
+    assert "meshdit - floor" in proc.stdout
