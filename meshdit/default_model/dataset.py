@@ -151,8 +151,8 @@ def sample_scene(rng: np.random.Generator, held_out: bool = False) -> Scene:
 
 # Where shapes go, as (x, y) fractions of the side: one slot per single-shape position,
 # a side-by-side pair and a triangle of three. Fixed slots with a small jitter keep the
-# layout a near-deterministic function of the caption, which a tiny model trained for an
-# hour on a CPU can learn; the jitter keeps seeds from giving identical pictures.
+# layout a near-deterministic function of the caption, which a tiny model trained on a
+# CPU can learn; the jitter keeps seeds from giving identical pictures.
 SLOTS: dict[str, tuple[tuple[float, float], ...]] = {
     "left": ((0.25, 0.5),),
     "right": ((0.75, 0.5),),

@@ -296,7 +296,8 @@ def main() -> None:
     ap.add_argument("--check-vae", action="store_true", help="score VAE round trips of ground-truth images")
     args = ap.parse_args()
     if args.check_vae:
-        print(f"VAE round trip pass: {100 * check_vae(args.model):.1f}% of 48 held-out ground-truth images")
+        n = 48
+        print(f"VAE round trip pass: {100 * check_vae(args.model, n):.1f}% of {n} held-out ground-truth images")
         return
     if args.check_evaluator:
         for k, v in check_evaluator().items():
