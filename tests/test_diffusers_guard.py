@@ -1,0 +1,88 @@
+"""Guards against the next diffusers release.
+
+1. With every degree 1, meshdit's loop gives the plain diffusers pipeline's image bit for bit, for
+   every family: if a diffusers release changes a pipeline's arithmetic (timesteps, scaling,
+   guidance), this fails before any parallel test can blame a strategy.
+2. Where diffusers' transformer carries a `_cp_plan` (its own context-parallel plan), meshdit's
+   sequence plan splits the same inputs along the same dims and gathers the same outputs.
+"""
+import numpy as np
+import pytest
+import torch
+
+from meshdit.config import GenerateRequest
+from meshdit.engine import Engine
+from meshdit.models.registry import FAMILIES
+from meshdit.testing.tiny_models import tiny_flux_pipeline, tiny_pipeline
+
+PROMPT = "a red cat on a blue square"
+SIZE = dict(height=64, width=48, num_inference_steps=2)
+TEXT = 16  # max_sequence_length, kept small for speed
+FLUX2_EMBEDS = torch.randn(1, 5, 32, generator=torch.Generator().manual_seed(7))  # tiny FLUX.2 has no text encoder
+
+# name -> (pipeline builder, diffusers __call__ kwargs, meshdit guidance_scale, meshdit request extras)
+CASES = {
+    "flux": (lambda: tiny_pipeline("flux"), dict(prompt=PROMPT, max_sequence_length=TEXT), 1.0, {}),
+    "flux-true-cfg": (lambda: tiny_pipeline("flux"),
+                      dict(prompt=PROMPT, negative_prompt="", true_cfg_scale=3.0, max_sequence_length=TEXT), 3.0, {}),
+    "flux-guidance-distilled": (lambda: tiny_flux_pipeline(guidance_embeds=True),
+                                dict(prompt=PROMPT, guidance_scale=3.5, max_sequence_length=TEXT), 3.5, {}),
+    "flux2": (lambda: tiny_pipeline("flux2"), dict(prompt_embeds=FLUX2_EMBEDS, guidance_scale=4.0), 4.0,
+              {"prompt_embeds": FLUX2_EMBEDS}),
+    "sd3": (lambda: tiny_pipeline("sd3"), dict(prompt=PROMPT, guidance_scale=5.0, max_sequence_length=TEXT), 5.0, {}),
+    "sd35": (lambda: tiny_pipeline("sd35"), dict(prompt=PROMPT, guidance_scale=5.0, max_sequence_length=TEXT), 5.0,
+             {}),
+    "pixart-sigma": (lambda: tiny_pipeline("pixart-sigma"),
+                     dict(prompt=PROMPT, guidance_scale=4.5, max_sequence_length=TEXT, use_resolution_binning=False),
+                     4.5, {}),
+    "pixart-alpha": (lambda: tiny_pipeline("pixart-alpha"),
+                     dict(prompt=PROMPT, guidance_scale=4.5, max_sequence_length=TEXT, use_resolution_binning=False),
+                     4.5, {}),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_degree_one_gives_the_diffusers_pipeline_image_bit_for_bit(name):
+    build, diffusers_kwargs, guidance, extra = CASES[name]
+    pipe = build()
+    pipe.set_progress_bar_config(disable=True)
+    with torch.inference_mode():
+        expected = pipe(**diffusers_kwargs, **SIZE, generator=torch.Generator("cpu").manual_seed(3),
+                        output_type="np").images  # [1, H, W, 3]
+    if "max_sequence_length" in diffusers_kwargs:
+        extra = {**extra, "max_sequence_length": TEXT}
+    request = GenerateRequest(prompt=PROMPT, **SIZE, seed=3, guidance_scale=guidance, extra=extra)
+    engine = Engine(pipe)
+    try:
+        images = engine.generate(request).images
+    finally:
+        engine.close()
+    assert images.shape == expected.shape
+    assert np.array_equal(images, expected), f"max abs diff {np.abs(images - expected).max()}"
+
+
+def _diffusers_cp_plan(family):
+    import diffusers
+
+    return getattr(getattr(diffusers, family.transformer_class), "_cp_plan", None)
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if _diffusers_cp_plan(f)], ids=lambda f: f.name)
+def test_sequence_plan_names_the_inputs_and_outputs_of_the_diffusers_cp_plan(family):
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+    cp_plan = _diffusers_cp_plan(family)
+    ours = family.plan()
+    # diffusers: {"": {arg: ContextParallelInput(split_dim, expected_dims)}, "proj_out": ContextParallelOutput(...)}
+    their_splits, their_gathers = {}, {}
+    for module, entry in cp_plan.items():
+        if isinstance(entry, ContextParallelOutput):
+            their_gathers[module] = entry.gather_dim - entry.expected_dims  # as a dim from the end
+        else:
+            for arg, spec in entry.items():
+                assert isinstance(spec, ContextParallelInput)
+                their_splits[(module, arg)] = spec.split_dim - spec.expected_dims
+    our_splits = {(s.module, s.arg): s.dim for s in ours.splits}
+    our_gathers = {g.module: g.dim for g in ours.gathers}
+    assert our_splits == their_splits
+    assert our_gathers == their_gathers
