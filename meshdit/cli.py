@@ -95,6 +95,8 @@ def generate_command(args) -> None:
     height, width = request.height or info.default_size, request.width or info.default_size
     num_images = len(prompts) * args.num_images_per_prompt
     info.check(config, height, width, request.guidance_scale, num_images)
+    from .vae.settings import check_vae_of_model  # runtime hook: VAE checks from vae/config.json
+    check_vae_of_model(model, vae, height, width)
     check_output_path(args.output, num_images)
     # torch, diffusers and transformers are imported only now that the request is known to be valid.
     from .distributed.launch import launch
