@@ -47,7 +47,7 @@ def run_generate(job: GenerateJob) -> None:
         paths = save_images(result.images, job.output)
         s = result.seconds
         height, width = result.images.shape[1:3]
-        print(f"meshdit: {len(paths)} image(s) {width}x{height}, {job.request.num_inference_steps or 'default'} "
+        print(f"meshdit: {len(paths)} image(s) height {height} x width {width}, {job.request.num_inference_steps or 'default'} "
               f"steps, layout {job.config.describe()} on {dist.get_world_size()} rank(s) ({device.type}): "
               f"{s['total']:.2f} s (prepare {s['prepare']:.2f}, denoise {s['denoise']:.2f}, "
               f"decode {s['decode']:.2f}; model load {load_s:.2f} s)")
