@@ -40,6 +40,8 @@ class Engine:
         self.vae.validate()
         self.info = ModelInfo.from_pipeline(pipe)
         self.recipe = self.info.family.recipe_class()(pipe)
+        if mesh is not None:
+            self.info.check_layout(mesh.config)  # the CLI's ConfigError, before any hook is installed
         self._parallel = parallelize(pipe, self.info.family, mesh) if mesh is not None else None
 
     @classmethod
