@@ -43,11 +43,11 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, model: str, mesh: ParallelMesh | None = None, torch_dtype=None,
-                        vae: VaeDecodeSettings | None = None) -> "Engine":
+                        vae: VaeDecodeSettings | None = None, loading=None) -> "Engine":
         from .pipelines.loading import load_pipeline
 
         device = mesh.device if mesh is not None else torch.device("cpu")
-        return cls(load_pipeline(model, device, torch_dtype), mesh, vae)
+        return cls(load_pipeline(model, device, torch_dtype, mesh, loading), mesh, vae)  # loading: LoadOptions
 
     def check(self, request: GenerateRequest) -> None:
         """Raises ConfigError if this request cannot run on this layout (or at all)."""
