@@ -55,7 +55,7 @@ def load_error(folder: str, degrees: dict, transport: str) -> str:
 
 
 def pipefusion_stage_bytes(folder: str, stages: int, transport: str):
-    """(peak parameter bytes of this rank's transformer over load and run, allowed bound, image)."""
+    """(peak parameter bytes of this rank's transformer over load and run, allowed bound, whole model, image)."""
     from meshdit.loading.skeleton import build_skeleton
     from meshdit.loading.stages import stage_keep
     from meshdit.models.flux import PIPELINE
@@ -70,4 +70,12 @@ def pipefusion_stage_bytes(folder: str, stages: int, transport: str):
     skeleton = build_skeleton(folder, "transformer")
     keep = stage_keep(skeleton, PIPELINE, mesh.local_rank("pp"), stages)
     bound = sum(p.numel() * p.element_size() for n, p in skeleton.named_parameters() if keep(n))
-    return peak, bound, image
+    whole = sum(p.numel() * p.element_size() for p in skeleton.parameters())
+    return peak, bound, whole, image
+
+
+def warm(degrees: dict) -> None:
+    """Imports diffusers and builds the mesh, so a timed job measures only itself."""
+    import diffusers  # noqa: F401
+
+    mesh_for(ParallelConfig(**degrees))
