@@ -46,9 +46,11 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, model: str | None = None, mesh: ParallelMesh | None = None, torch_dtype=None,
-                        vae: VaeDecodeSettings | None = None, show_progress: bool = False) -> "Engine":
+                        vae: VaeDecodeSettings | None = None, show_progress: bool = False,
+                        loading=None) -> "Engine":
         """`model`: a pipeline folder or Hub id; None: meshdit's bundled model (with its own size, steps and
-        guidance as request defaults). Loading progress bars show only with show_progress=True."""
+        guidance as request defaults). Loading progress bars show only with show_progress=True.
+        `loading`: LoadOptions (memory-efficient load, text-encoder placement)."""
         from .pipelines.loading import load_pipeline
 
         if model is None:
@@ -57,7 +59,7 @@ class Engine:
             model = str(weights_path())
         device = mesh.device if mesh is not None else torch.device("cpu")
         with _progress_bars(show_progress):
-            pipe = load_pipeline(model, device, torch_dtype)
+            pipe = load_pipeline(model, device, torch_dtype, mesh, loading)
         return cls(pipe, mesh, vae)
 
     def resolve(self, request: GenerateRequest) -> GenerateRequest:
