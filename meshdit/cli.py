@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add(gen, "vae-tile-width", type=int, default=None, help="tiled decode: tile width in output pixels")
     _add(gen, "vae-tile-overlap", type=int, default=64, help="tiled decode: overlap in output pixels")
     _add(gen, "verbose", action="store_true")
+    from .serve.command import add_serve_parser
+
+    add_serve_parser(commands, gen)
     return parser
 
 
@@ -124,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             generate_command(args)
+        elif args.command == "serve":
+            from .serve.command import serve_command
+
+            return serve_command(args)
     except ConfigError as exc:
         print(f"meshdit: error: {exc}", file=sys.stderr)
         return 2
