@@ -21,6 +21,9 @@ def build_parser() -> FlagParser:
     add_request_flags(gen)
     add_layout_flags(gen)
     add_output_flags(gen)
+    from .serve.command import add_serve_parser
+
+    add_serve_parser(commands, gen)
     return parser
 
 
@@ -74,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             generate_command(args)
+        elif args.command == "serve":
+            from .serve.command import serve_command
+
+            return serve_command(args)
     except ConfigError as exc:
         print(f"meshdit: error: {exc}", file=sys.stderr)
         return 2

@@ -65,8 +65,9 @@ class ModelInfo:
         return RequestDefaults(self.default_size, self.default_size, family.default_steps, family.default_guidance,
                                family.max_sequence_length_for(self.pipeline_class))
 
-    def check_request(self, config: ParallelConfig, request: GenerateRequest) -> None:
-        """Everything about a request that can be checked before weights load; unset values take the defaults."""
+    def check_request(self, config: ParallelConfig, request: GenerateRequest, num_images: int | None = None) -> None:
+        """Everything about a request that can be checked before weights load; unset values take the defaults.
+        num_images: images of the whole batch the request runs in (default: the request's own)."""
         request = request.with_defaults(self.request_defaults())
         request.validate()
         limit = self.family.max_sequence_length_limit
@@ -75,7 +76,7 @@ class ModelInfo:
             raise ConfigError(f"--max-sequence-length {tokens} exceeds what this {self.pipeline_class}'s text encoder "
                               f"takes ({limit} tokens): use --max-sequence-length <= {limit}.")
         self.check(config, request.height, request.width, request.guidance_scale,
-                   len(request.prompts) * request.num_images_per_prompt)
+                   num_images or len(request.prompts) * request.num_images_per_prompt)
 
     def runs_cfg(self, guidance_scale: float | None) -> bool:
         """Whether a generation runs two guidance branches (cond and uncond) per step."""
