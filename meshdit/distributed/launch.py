@@ -155,7 +155,7 @@ def _watch(procs: list, conns: list, timeout: float) -> None:
             try:
                 while conn.poll():
                     message = conn.recv()
-                    watch.beat(rank)
+                    watch.beat(rank, joined=message[0] == "joined")
                     if message[0] == "done":
                         done.add(rank)
                     elif message[0] == "error":

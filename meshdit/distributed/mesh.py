@@ -11,6 +11,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..config import MESH_AXES, ParallelConfig
 from .ports import free_port
+from .watch import joined_world
 
 # Long enough for a slow first step on a loaded CPU, short enough that a lost
 # peer turns into an error rather than an endless wait.
@@ -42,6 +43,7 @@ def init_distributed(device: torch.device | None = None) -> torch.device:
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend=backend, timeout=DEFAULT_TIMEOUT)
+    joined_world()  # the launcher's heartbeat watch: start-up is over
     return device
 
 

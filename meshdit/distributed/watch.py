@@ -13,8 +13,18 @@ import threading
 import time
 
 DEFAULT_TIMEOUT_S = 20.0
-# Python's start-up on a loaded machine can take seconds before a rank's first beat.
-STARTUP_ALLOWANCE_S = 30.0
+# Until a rank has joined the world (init_distributed), the limit is longer by this much: start-up
+# (Python, then importing torch and diffusers, which can hold the GIL for seconds and so delay beats)
+# takes tens of seconds on a loaded machine.
+STARTUP_ALLOWANCE_S = 60.0
+
+_LINK: "RankLink | None" = None   # this process's link to its launcher, when spawned by launch.py
+
+
+def joined_world() -> None:
+    """Called once this rank has joined the process group: the strict heartbeat limit applies from now."""
+    if _LINK is not None:
+        _LINK.send(("joined",))
 
 
 def heartbeat_timeout() -> float:
@@ -46,6 +56,8 @@ class RankLink:
                 return False
 
     def start_heartbeat(self) -> None:
+        global _LINK
+        _LINK = self
         threading.Thread(target=self._beat, name="meshdit-heartbeat", daemon=True).start()
 
     def stop_heartbeat(self) -> None:
@@ -67,9 +79,9 @@ class HeartbeatWatch:
         self.last = [now] * world_size
         self.started = [False] * world_size
 
-    def beat(self, rank: int) -> None:
+    def beat(self, rank: int, joined: bool = False) -> None:
         self.last[rank] = time.monotonic()
-        self.started[rank] = True
+        self.started[rank] = self.started[rank] or joined
 
     def silent(self, ranks) -> list[tuple[int, float]]:
         """(rank, seconds silent) for the given ranks silent longer than the timeout."""

@@ -5,12 +5,17 @@ import time
 
 
 def _join_world():
+    """Joins the gloo world and draws a progress bar, as a generating rank does (tqdm's default
+    lock is a multiprocessing semaphore, leaked by a rank that exits mid-run)."""
     import torch
     import torch.distributed as dist
+    from tqdm.auto import tqdm
 
     from meshdit.distributed.mesh import init_distributed
 
     init_distributed(torch.device("cpu"))
+    for _ in tqdm(range(2), desc="denoising"):
+        pass
     return torch, dist
 
 
