@@ -26,6 +26,7 @@ BAD_INPUTS = {
     "seed-2**64": (["--seed", str(2**64)], f"--seed {2**64} is out of range"),
     "guidance-inf": (["--guidance-scale", "inf"], "--guidance-scale must be a finite number, got inf"),
     "guidance-minus-inf": (["--guidance-scale=-inf"], "--guidance-scale must be a finite number, got -inf"),
+    "guidance-minus-inf-as-typed": (["--guidance-scale", "-inf"], "--guidance-scale must be a finite number, got -inf"),
     "guidance-nan": (["--guidance-scale", "nan"], "--guidance-scale must be a finite number, got nan"),
     "images-per-prompt-0": (["--num-images-per-prompt", "0"], "--num-images-per-prompt 0 is out of range"),
     "images-per-prompt-0-with-dp": (["--num-images-per-prompt", "0", "--data-parallel-degree", "2"],
