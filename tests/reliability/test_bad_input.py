@@ -44,7 +44,7 @@ BAD_INPUTS = {
     "prompt-file-missing": (["--prompt-file", "{tmp}/nope.txt"], "cannot read --prompt-file"),
     "output-under-a-file": (["--output", "{tmp}/earlier.png/x.png"], "is a file, so no folder can be made"),
     "output-is-a-folder": (["--output", "{tmp}/folder.png"], "is a folder; name a file inside it"),
-    "output-unwritable": (["--output", "/sys/meshdit-test.png"], "--output /sys/meshdit-test.png: cannot write in /sys"),
+    "output-unwritable": (["--output", "/sys/meshdit-test.png"], "/sys/meshdit-test.png: cannot write in /sys"),
     "output-unknown-extension": (["--output", "{tmp}/x.gif2"], "use a .png, .jpg, .webp or .npy"),
     "model-index-malformed": (["--model", "{tmp}/bad-json"], "model_index.json is not valid JSON"),
     "model-index-no-class": (["--model", "{tmp}/no-class"], "model_index.json names no pipeline"),
