@@ -21,6 +21,9 @@ def build_parser() -> FlagParser:
     add_request_flags(gen)
     add_layout_flags(gen)
     add_output_flags(gen)
+    from .serve.command import add_serve_parser
+
+    add_serve_parser(commands, gen)
     return parser
 
 
@@ -56,6 +59,8 @@ def generate_command(args) -> None:
     # Everything that can be checked without weights is checked here, before any rank starts.
     model, info, request = model_and_request(args)
     info.check_request(config, request)
+    from .vae.settings import check_vae_of_model  # VAE checks from vae/config.json
+    check_vae_of_model(model, vae, request.height, request.width)
     num_images = len(request.prompts) * request.num_images_per_prompt
     check_output_writable(args.output, num_images)
     check_output_path(args.output, num_images)
@@ -72,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             generate_command(args)
+        elif args.command == "serve":
+            from .serve.command import serve_command
+
+            return serve_command(args)
     except ConfigError as exc:
         print(f"meshdit: error: {exc}", file=sys.stderr)
         return 2

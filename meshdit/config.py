@@ -20,9 +20,6 @@ _LAYOUT_FLAGS = {
 MAX_SIDE = 8192  # pixels; larger sides are refused before anything allocates (a 100000 px side wanted 5 GB)
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
 
-# Axes whose strategy has not landed yet: refused, never silently ignored.
-_NOT_YET_SUPPORTED: dict[str, str] = {}
-
 
 @dataclass(frozen=True)
 class ParallelConfig:
@@ -79,12 +76,6 @@ class ParallelConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 flag = _LAYOUT_FLAGS.get(f.name, f.name)
                 raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}: use {flag} 1 or more.")
-        for name, what in _NOT_YET_SUPPORTED.items():
-            if getattr(self, name) != 1:
-                raise ConfigError(
-                    f"{what} is not yet supported by this version of meshdit; "
-                    f"remove the option (set {name} = 1) and use --ulysses-degree / --ring-degree."
-                )
         if self.cfg_degree not in (1, 2):
             raise ConfigError(f"cfg degree must be 1 or 2 (one rank group per guidance branch), got {self.cfg_degree}.")
         if world_size is not None and world_size != self.world_size:

@@ -14,6 +14,7 @@ from .distributed.comm import split_sizes
 from .distributed.mesh import ParallelMesh
 from .models.info import ModelInfo
 from .parallel.parallelize import parallelize
+from .pipelines.batching import concat_states
 from .pipelines.loop import denoise
 from .pipelines.pipefusion_loop import pipefusion_denoise
 from .vae import VaeDecodeSettings
@@ -40,13 +41,17 @@ class Engine:
         self.vae.validate()
         self.info = ModelInfo.from_pipeline(pipe)
         self.recipe = self.info.family.recipe_class()(pipe)
+        if mesh is not None:
+            self.info.check_layout(mesh.config)  # the CLI's ConfigError, before any hook is installed
         self._parallel = parallelize(pipe, self.info.family, mesh) if mesh is not None else None
 
     @classmethod
     def from_pretrained(cls, model: str | None = None, mesh: ParallelMesh | None = None, torch_dtype=None,
-                        vae: VaeDecodeSettings | None = None, show_progress: bool = False) -> "Engine":
+                        vae: VaeDecodeSettings | None = None, show_progress: bool = False,
+                        loading=None) -> "Engine":
         """`model`: a pipeline folder or Hub id; None: meshdit's bundled model (with its own size, steps and
-        guidance as request defaults). Loading progress bars show only with show_progress=True."""
+        guidance as request defaults). Loading progress bars show only with show_progress=True.
+        `loading`: LoadOptions (memory-efficient load, text-encoder placement)."""
         from .pipelines.loading import load_pipeline
 
         if model is None:
@@ -55,7 +60,7 @@ class Engine:
             model = str(weights_path())
         device = mesh.device if mesh is not None else torch.device("cpu")
         with _progress_bars(show_progress):
-            pipe = load_pipeline(model, device, torch_dtype)
+            pipe = load_pipeline(model, device, torch_dtype, mesh, loading)
         return cls(pipe, mesh, vae)
 
     def resolve(self, request: GenerateRequest) -> GenerateRequest:
@@ -68,23 +73,39 @@ class Engine:
         self.info.check_request(config, request)
 
     @torch.inference_mode()
-    def generate(self, request: GenerateRequest, output_type: str = "np", show_progress: bool = False) -> GenerateResult:
-        request = self.resolve(request)
-        self.check(request)
+    def generate(self, request: GenerateRequest, output_type: str = "np", show_progress: bool = False,
+                 on_step=None) -> GenerateResult:
+        """on_step(step, total) -> bool is called on every rank before each step; if it returns True on
+        any rank, every rank stops at that step (GenerationCancelled), agreed through the mesh."""
+        return self.generate_many([request], output_type, show_progress, on_step)[0]
+
+    @torch.inference_mode()
+    def generate_many(self, requests: list[GenerateRequest], output_type: str = "np", show_progress: bool = False,
+                      on_step=None) -> list[GenerateResult]:
+        """Requests with the same size, steps and guidance run as one batch (split over dp); each request's
+        images are its own seed's, as if it ran alone. One result per request."""
+        requests = [self.resolve(r) for r in requests]
+        # The data-parallel split needs enough images in the whole batch, not in each request.
+        total = sum(len(r.prompts) * r.num_images_per_prompt for r in requests)
+        config = self.mesh.config if self.mesh is not None else ParallelConfig()
+        for request in requests:
+            self.info.check_request(config, request, num_images=total)
         seconds = {}
         start = time.perf_counter()
         # Noise is drawn on the CPU from the seed, so every rank and every layout starts from the same latents.
-        generator = torch.Generator("cpu").manual_seed(request.seed)
-        state = self.recipe.prepare(request, generator, self.pipe._execution_device)
-        state = self._data_parallel_share(state)
+        states = [self.recipe.prepare(r, torch.Generator("cpu").manual_seed(r.seed), self.pipe._execution_device)
+                  for r in requests]
+        counts = [s.batch_size for s in states]
+        state = self._data_parallel_share(concat_states(self.recipe, states))
         seconds["prepare"] = time.perf_counter() - start
         cfg_group = self.mesh.group("cfg") if self.mesh is not None else None
+        agreed = self._agreed(on_step)
         if self._parallel is not None and self._parallel.pipefusion is not None:
             config = self.mesh.config
             latents = pipefusion_denoise(self.recipe, state, self._parallel.pipefusion, self._parallel.sequence_state,
-                                         cfg_group, config.warmup_steps, config.patches, show_progress)
+                                         cfg_group, config.warmup_steps, config.patches, show_progress, agreed)
         else:
-            latents = denoise(self.recipe, state, cfg_group, show_progress)
+            latents = denoise(self.recipe, state, cfg_group, show_progress, agreed)
         seconds["denoise"] = time.perf_counter() - start - seconds["prepare"]
         vae_input = self.recipe.decode_latents(state, latents)
         image_group = self.mesh.group("image") if self.mesh is not None else None
@@ -93,7 +114,21 @@ class Engine:
         images = self._gather_data_parallel(images)
         seconds["decode"] = time.perf_counter() - start - seconds["prepare"] - seconds["denoise"]
         seconds["total"] = time.perf_counter() - start
-        return GenerateResult(images, seconds)
+        offsets = np.cumsum([0] + counts)
+        return [GenerateResult(images[a:b], dict(seconds)) for a, b in zip(offsets[:-1], offsets[1:])]
+
+    def _agreed(self, on_step):
+        """on_step, made collective: an all-reduce(MAX) of the stop flag, so all ranks stop at the same step."""
+        if on_step is None:
+            return None
+
+        def stop(step: int, total: int) -> bool:
+            flag = torch.tensor([1 if on_step(step, total) else 0], device=self.pipe._execution_device)
+            if self.mesh is not None and dist.get_world_size() > 1:
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            return bool(flag.item())
+
+        return stop
 
     def _data_parallel_share(self, state):
         """Every rank drew the whole batch's noise from the seed; a data-parallel group keeps its images.

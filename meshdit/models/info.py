@@ -65,8 +65,9 @@ class ModelInfo:
         return RequestDefaults(self.default_size, self.default_size, family.default_steps, family.default_guidance,
                                family.max_sequence_length_for(self.pipeline_class))
 
-    def check_request(self, config: ParallelConfig, request: GenerateRequest) -> None:
-        """Everything about a request that can be checked before weights load; unset values take the defaults."""
+    def check_request(self, config: ParallelConfig, request: GenerateRequest, num_images: int | None = None) -> None:
+        """Everything about a request that can be checked before weights load; unset values take the defaults.
+        num_images: images of the whole batch the request runs in (default: the request's own)."""
         request = request.with_defaults(self.request_defaults())
         request.validate()
         limit = self.family.max_sequence_length_limit
@@ -75,7 +76,7 @@ class ModelInfo:
             raise ConfigError(f"--max-sequence-length {tokens} exceeds what this {self.pipeline_class}'s text encoder "
                               f"takes ({limit} tokens): use --max-sequence-length <= {limit}.")
         self.check(config, request.height, request.width, request.guidance_scale,
-                   len(request.prompts) * request.num_images_per_prompt)
+                   num_images or len(request.prompts) * request.num_images_per_prompt)
 
     def runs_cfg(self, guidance_scale: float | None) -> bool:
         """Whether a generation runs two guidance branches (cond and uncond) per step."""
@@ -101,10 +102,7 @@ class ModelInfo:
                 f"data-parallel degree {config.data_parallel_degree} needs at least as many images, but the request "
                 f"makes {num_images}: add prompts (--prompt again, or --prompt-file), raise "
                 f"--num-images-per-prompt, or use --data-parallel-degree <= {num_images}.")
-        if config.ulysses_degree > self.num_heads:
-            raise ConfigError(
-                f"ulysses degree {config.ulysses_degree} exceeds the model's {self.num_heads} attention heads: "
-                f"use --ulysses-degree <= {self.num_heads} and put the rest into --ring-degree.")
+        self.check_layout(config)
         multiple = self.family.pixel_multiple(self.transformer_config, self.vae_scale_factor)
         for name, value in (("height", height), ("width", width)):
             if value <= 0 or value % multiple:
@@ -125,14 +123,21 @@ class ModelInfo:
                 f"{height}x{width} exceeds this model's positional embedding ({max_patches} patches per side): "
                 f"use height and width <= {max_patches * multiple}.")
 
-    def _check_pipefusion(self, config: ParallelConfig, token_rows: int, token_cols: int) -> None:
-        stages = config.pipefusion_parallel_degree
-        if stages == 1:
-            return
+    def check_layout(self, config: ParallelConfig) -> None:
+        """The checks that need the layout and the model alone (no request): the Python API runs them
+        before installing any hook, the CLI before starting ranks."""
+        if config.ulysses_degree > self.num_heads:
+            raise ConfigError(
+                f"ulysses degree {config.ulysses_degree} exceeds the model's {self.num_heads} attention heads: "
+                f"use --ulysses-degree <= {self.num_heads} and put the rest into --ring-degree.")
         blocks = self.family.num_blocks(self.transformer_config)
-        if stages > blocks:
-            raise ConfigError(f"PipeFusion degree {stages} needs a block per stage, but the model has {blocks} blocks: "
-                              f"use --pipefusion-parallel-degree <= {blocks}.")
+        if config.pipefusion_parallel_degree > blocks:
+            raise ConfigError(f"PipeFusion degree {config.pipefusion_parallel_degree} needs a block per stage, but "
+                              f"the model has {blocks} blocks: use --pipefusion-parallel-degree <= {blocks}.")
+
+    def _check_pipefusion(self, config: ParallelConfig, token_rows: int, token_cols: int) -> None:
+        if config.pipefusion_parallel_degree == 1:
+            return
         if config.patches > token_rows:
             raise ConfigError(
                 f"--num-pipeline-patch {config.patches} exceeds the {token_rows} rows of image tokens at this height: "

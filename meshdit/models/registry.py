@@ -81,10 +81,3 @@ def family_for_pipeline(pipeline_class: str) -> ModelFamily:
     supported = ", ".join(c for f in FAMILIES for c in f.pipeline_classes)
     raise ConfigError(f"meshdit does not support the pipeline {pipeline_class!r} yet; supported: {supported}.")
 
-
-def family_for_transformer(transformer_class: str) -> ModelFamily:
-    for family in FAMILIES:
-        if family.transformer_class == transformer_class:
-            return family
-    supported = ", ".join(f.transformer_class for f in FAMILIES)
-    raise ConfigError(f"meshdit has no plan for {transformer_class!r}; supported: {supported}.")

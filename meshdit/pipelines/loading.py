@@ -11,10 +11,22 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def load_pipeline(model: str, device: torch.device, torch_dtype: torch.dtype | None = None):
-    from diffusers import DiffusionPipeline
+def load_pipeline(model: str, device: torch.device, torch_dtype: torch.dtype | None = None, mesh=None,
+                  options=None, on_tensor=None):
+    """The pipeline on `device`; on a multi-rank mesh, memory-efficiently unless options turn it off.
+
+    on_tensor(name, tensor) -> tensor transforms each transformer weight as it arrives (e.g. FP8).
+    """
+    from ..loading import LoadOptions
 
     dtype = torch_dtype or default_dtype(device)
+    options = options or LoadOptions()
+    if mesh is not None and options.efficient(mesh.config.world_size):
+        from ..loading.pipeline import load_pipeline_efficiently
+
+        return load_pipeline_efficiently(model, device, dtype, mesh, options, on_tensor)
+    from diffusers import DiffusionPipeline
+
     try:
         pipe = DiffusionPipeline.from_pretrained(model, dtype=dtype)
     except (OSError, ValueError) as exc:

@@ -10,8 +10,16 @@ from tqdm.auto import tqdm
 from .recipe import DenoiseState, Recipe
 
 
+class GenerationCancelled(Exception):
+    """on_step asked to stop; every rank raises it at the same step boundary."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"cancelled at step {step}")
+        self.step = step
+
+
 def denoise(recipe: Recipe, state: DenoiseState, cfg_group: dist.ProcessGroup | None = None,
-            show_progress: bool = False) -> torch.Tensor:
+            show_progress: bool = False, on_step=None) -> torch.Tensor:
     """Runs every step; returns the final latents.
 
     With a CFG group of two ranks, each runs one guidance branch and the two noise
@@ -24,6 +32,8 @@ def denoise(recipe: Recipe, state: DenoiseState, cfg_group: dist.ProcessGroup | 
     for i, t in enumerate(tqdm(state.timesteps, disable=not show_progress, desc="denoising", unit="step")):
         if fail_at == i:
             raise RuntimeError(f"failure injected at step {i} by MESHDIT_FAIL_AT_STEP")
+        if on_step is not None and on_step(i, len(state.timesteps)):  # agreed by every rank (Engine)
+            raise GenerationCancelled(i)
         preds = recipe.predict(state, latents, t, local)
         if cfg_size > 1:
             preds = _exchange_branches(preds[local[0]], branches, cfg_group)

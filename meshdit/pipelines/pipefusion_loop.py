@@ -15,13 +15,13 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from ..distributed.comm import split_sizes
-from .loop import _exchange_branches, _injected_failure, local_branches
+from .loop import GenerationCancelled, _exchange_branches, _injected_failure, local_branches
 from .recipe import DenoiseState, Recipe
 
 
 def pipefusion_denoise(recipe: Recipe, state: DenoiseState, pipefusion, sequence_state,
                        cfg_group: dist.ProcessGroup | None, warmup_steps: int, num_patches: int,
-                       show_progress: bool = False) -> torch.Tensor:
+                       show_progress: bool = False, on_step=None) -> torch.Tensor:
     """Returns the final latents on every stage.
 
     NOTE: every rank of the pp axis runs this with the same state; the last stages
@@ -43,10 +43,18 @@ def pipefusion_denoise(recipe: Recipe, state: DenoiseState, pipefusion, sequence
     main_scheduler = recipe.pipe.scheduler
     patch_schedulers = None
     fail_at = _injected_failure()
+    cancelled_at = None
     try:
         for i, t in enumerate(tqdm(state.timesteps, disable=not show_progress, desc="denoising", unit="step")):
             if fail_at == i:
                 raise RuntimeError(f"failure injected at step {i} by MESHDIT_FAIL_AT_STEP")
+            if on_step is not None and on_step(i, steps):  # agreed by every rank (Engine)
+                if pf.is_first and i > 0 and pf.num_stages > 1:  # take the patches the last stage already sent
+                    for row0, row1 in items(i):
+                        shape = recipe.patch_view(state, latents, row0, row1).shape
+                        pf.recv(torch.empty(shape, dtype=latents.dtype, device=latents.device), pf.num_stages - 1)
+                cancelled_at = i
+                break
             if i == warmup_steps:  # from here on each patch steps its own copy of the scheduler
                 patch_schedulers = [_patch_scheduler(main_scheduler, lambda x, p=p: recipe.patch_view(state, x, *p),
                                                      latents.shape) for p in patches]
@@ -81,6 +89,8 @@ def pipefusion_denoise(recipe: Recipe, state: DenoiseState, pipefusion, sequence
     finally:
         sequence_state.patch = None
     pf.finish()
+    if cancelled_at is not None:
+        raise GenerationCancelled(cancelled_at)
     if pf.num_stages > 1:
         latents = pf.broadcast_from_last(latents.contiguous())
     return latents

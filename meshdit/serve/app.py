@@ -1,0 +1,171 @@
+"""The HTTP API (FastAPI): OpenAI's image endpoints, async jobs, health, metrics and the web page."""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from .jobs import TERMINAL, Job, QueueFull
+from .schemas import ImageRequest
+from .server_state import BadRequest, ServerState, b64
+
+PUBLIC = ("/", "/health", "/metrics")
+_PAGE = Path(__file__).with_name("page.html")
+
+
+def error(status: int, message: str, param: str | None = None, headers: dict | None = None) -> JSONResponse:
+    """OpenAI's error shape, which its client turns into the matching exception."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
+                        status_code=status, headers=headers)
+
+
+def create_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="meshdit", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.middleware("http")
+    async def gate(request: Request, call_next):
+        path = request.url.path
+        if path not in PUBLIC:
+            key = state.settings.api_key
+            given = request.headers.get("authorization", "")
+            if key and not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+                state.metrics.requests.labels("unauthorized").inc()
+                return error(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "authorization")
+            if state.dead:
+                return error(503, f"the mesh failed and the server is stopping: {state.dead}")
+            if not state.ready:
+                return error(503, "the model is still loading on the ranks; retry shortly",
+                             headers={"Retry-After": "5"})
+        return await call_next(request)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page():
+        return HTMLResponse(_PAGE.read_text())
+
+    @app.get("/health")
+    async def health():
+        status = "failed" if state.dead else "draining" if state.draining else "ready" if state.ready else "loading"
+        body = {"status": status, "layout": state.layout, "world_size": state.settings.config.world_size,
+                "model": state.model_id, "queue": len(state.queue),
+                "defaults": {"size": f"{state.settings.width}x{state.settings.height}", "steps": state.settings.steps}}
+        if state.dead:
+            body["error"] = state.dead
+        return JSONResponse(body, status_code=200 if status == "ready" else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        state.metrics.queue_length.set(len(state.queue))
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": state.model_id, "object": "model", "created": 0,
+                                            "owned_by": "meshdit"}]}
+
+    async def submit(request: Request) -> Job | JSONResponse:
+        if state.draining:
+            return error(503, "the server is shutting down and takes no new jobs")
+        if "application/json" not in request.headers.get("content-type", ""):
+            return error(415, "Content-Type must be application/json", "content-type")
+        raw = await request.body()
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            state.metrics.requests.labels("rejected_invalid").inc()
+            return error(400, f"the body is not valid JSON: {exc}", "body")
+        try:
+            body = ImageRequest.model_validate(data)
+            job = state.make_job(body)
+        except ValidationError as exc:
+            state.metrics.requests.labels("rejected_invalid").inc()
+            first = exc.errors()[0]
+            param = ".".join(str(p) for p in first["loc"]) or "body"
+            return error(400, f"{param}: {first['msg']}", param)
+        except BadRequest as exc:
+            state.metrics.requests.labels("rejected_invalid").inc()
+            return error(exc.status, exc.message, exc.param)
+        try:
+            state.queue.submit(job)
+        except QueueFull:
+            state.metrics.requests.labels("rejected_queue_full").inc()
+            return error(429, f"the queue is full ({state.settings.max_queue} jobs waiting); retry later",
+                         headers={"Retry-After": str(state.retry_after())})
+        state.metrics.queue_length.set(len(state.queue))
+        return job
+
+    @app.post("/v1/images/generations")
+    async def generations(request: Request):
+        job = await submit(request)
+        if isinstance(job, JSONResponse):
+            return job
+        while not job.done.is_set():
+            await asyncio.sleep(0.02)
+        if job.state == "done":
+            return {"created": int(time.time()), "data": [{"b64_json": b64(png)} for png in job.pngs]}
+        if job.state == "cancelled":
+            return error(409, f"job {job.id} was cancelled at step {job.step} of {job.steps}")
+        return error(job.http_status if job.http_status >= 400 else 500, f"job {job.id} failed: {job.error}")
+
+    @app.post("/v1/images/jobs", status_code=202)
+    async def create_job(request: Request):
+        job = await submit(request)
+        return job if isinstance(job, JSONResponse) else JSONResponse(job.public(), status_code=202)
+
+    def find(job_id: str) -> Job | JSONResponse:
+        job = state.queue.get(job_id)
+        return job if job is not None else error(404, f"no job {job_id!r} (unknown or forgotten)", "id")
+
+    @app.get("/v1/images/jobs/{job_id}")
+    async def job_status(job_id: str):
+        job = find(job_id)
+        return job if isinstance(job, JSONResponse) else job.public()
+
+    @app.get("/v1/images/jobs/{job_id}/content")
+    async def job_content(job_id: str, index: int = 0):
+        job = find(job_id)
+        if isinstance(job, JSONResponse):
+            return job
+        if job.state != "done":
+            return error(409, f"job {job_id} is {job.state}, not done: no image", "id")
+        if not 0 <= index < len(job.pngs):
+            return error(400, f"index {index}: the job has {len(job.pngs)} image(s)", "index")
+        return Response(job.pngs[index], media_type="image/png")
+
+    @app.delete("/v1/images/jobs/{job_id}")
+    async def job_cancel(job_id: str):
+        job = find(job_id)
+        if isinstance(job, JSONResponse):
+            return job
+        state.queue.cancel(job)
+        if job.state == "cancelled" and job.finished and not job.started:
+            state.metrics.requests.labels("cancelled").inc()
+        return job.public()
+
+    @app.get("/v1/images/jobs/{job_id}/events")
+    async def job_events(job_id: str):
+        """Server-sent events: the job's status each time it changes, until it ends."""
+        job = find(job_id)
+        if isinstance(job, JSONResponse):
+            return job
+
+        async def stream():
+            last = None
+            while True:
+                now = job.public()
+                if now != last:
+                    yield f"data: {json.dumps(now)}\n\n"
+                    last = now
+                if job.state in TERMINAL:
+                    return
+                await asyncio.sleep(0.05)
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    return app

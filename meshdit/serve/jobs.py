@@ -1,0 +1,117 @@
+"""Jobs and the bounded queue; batches are picked here (same size, steps and guidance, oldest first)."""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..config import GenerateRequest
+
+TERMINAL = ("done", "failed", "cancelled")
+_KEEP_FINISHED = 1000  # finished jobs remembered for GET; older ones are forgotten
+
+
+class QueueFull(Exception):
+    pass
+
+
+@dataclass
+class Job:
+    request: GenerateRequest
+    batch_key: tuple  # jobs with equal keys may share a batch
+    num_images: int
+    steps: int
+    id: str = field(default_factory=lambda: "img-" + uuid.uuid4().hex[:16])
+    created: float = field(default_factory=time.time)
+    state: str = "queued"  # queued -> running -> done | failed | cancelled
+    step: int = 0
+    error: str | None = None
+    http_status: int = 200  # for a failed job: what the synchronous endpoint answers
+    pngs: list = field(default_factory=list)
+    cancel_requested: bool = False
+    started: float | None = None
+    finished: float | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def public(self) -> dict:
+        out = {"id": self.id, "object": "image.job", "status": self.state, "step": self.step, "steps": self.steps,
+               "n": self.num_images, "created": int(self.created)}
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+class JobQueue:
+    """Thread-safe: HTTP threads submit and cancel, the rank loop takes batches."""
+
+    def __init__(self, max_queue: int, batching: bool, max_batch_images: int) -> None:
+        self.max_queue = max_queue
+        self.batching = batching
+        self.max_batch_images = max_batch_images
+        self._waiting: deque[Job] = deque()
+        self.jobs: dict[str, Job] = {}
+        self._lock = threading.Condition()
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull()
+            self._waiting.append(job)
+            self.jobs[job.id] = job
+            self._forget_old()
+            self._lock.notify_all()
+
+    def get(self, job_id: str) -> Job | None:
+        with self._lock:
+            return self.jobs.get(job_id)
+
+    def cancel(self, job: Job) -> None:
+        """A queued job is dropped now; a running one stops at the next step boundary (rank loop)."""
+        with self._lock:
+            if job.state == "queued":
+                self._waiting.remove(job)
+                self.end(job, "cancelled")
+            elif job.state == "running":
+                job.cancel_requested = True
+
+    def next_batch(self, timeout: float) -> list[Job]:
+        """The oldest waiting job plus later ones with the same batch key (when batching), marked running."""
+        with self._lock:
+            if not self._waiting:
+                self._lock.wait(timeout)
+            if not self._waiting:
+                return []
+            batch = [self._waiting.popleft()]
+            if self.batching:
+                images = batch[0].num_images
+                for job in list(self._waiting):
+                    if job.batch_key == batch[0].batch_key and images + job.num_images <= self.max_batch_images:
+                        self._waiting.remove(job)
+                        batch.append(job)
+                        images += job.num_images
+            for job in batch:
+                job.state, job.started = "running", time.time()
+            return batch
+
+    def fail_waiting(self, message: str, http_status: int, older_than: float | None = None) -> list[Job]:
+        """Fails waiting jobs (all, or those queued before `older_than`); returns them."""
+        with self._lock:
+            failed = [j for j in self._waiting if older_than is None or j.created < older_than]
+            for job in failed:
+                self._waiting.remove(job)
+                self.end(job, "failed", message, http_status)
+            return failed
+
+    def end(self, job: Job, state: str, error: str | None = None, http_status: int = 200) -> None:
+        job.state, job.error, job.http_status, job.finished = state, error, http_status, time.time()
+        job.done.set()
+
+    def _forget_old(self) -> None:
+        finished = [j for j in self.jobs.values() if j.state in TERMINAL]
+        for job in finished[:max(0, len(finished) - _KEEP_FINISHED)]:
+            del self.jobs[job.id]

@@ -1,0 +1,94 @@
+"""Starting the serving ranks and watching them.
+
+Unlike `meshdit generate`'s launcher, a failed rank does not make this process kill
+the output rank at once: the output rank first answers 503 for a few seconds
+(worker.DEAD_GRACE_S), then exits non-zero by itself. Ctrl-C / SIGTERM here are passed to the
+output rank, which drains and stops every rank.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+
+from ..distributed.launch import under_torchrun
+from ..errors import ConfigError
+from .server_state import ServeSettings
+
+_STOP_GRACE_S = 15.0  # after the first rank exits, how long the others get to exit by themselves
+
+
+def _rank_main(rank: int, world_size: int, settings: ServeSettings) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    from ..distributed.mesh import teardown_distributed
+    from .worker import run_serve
+
+    run_serve(settings)
+    teardown_distributed()
+
+
+def serve_ranks(settings: ServeSettings) -> int:
+    """Runs the server until it is stopped; returns the exit status (0 after a drain)."""
+    world_size = settings.config.world_size
+    if under_torchrun() or world_size == 1:
+        if under_torchrun() and int(os.environ["WORLD_SIZE"]) != world_size:
+            raise ConfigError(f"torchrun started {os.environ['WORLD_SIZE']} ranks but the degrees multiply to "
+                              f"{world_size}: change --nproc-per-node/--nnodes or the degrees.")
+        if not under_torchrun():
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+            settings.spawned = False
+        from .worker import run_serve
+
+        run_serve(settings)
+        return 0
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = os.environ.get("MASTER_PORT") or str(_free_port())
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_rank_main, args=(rank, world_size, settings), name=f"meshdit-rank{rank}")
+             for rank in range(world_size)]
+    stopping = []
+
+    def forward(signum, frame):  # the output rank drains, then tells the others to stop
+        stopping.append(signum)
+        if procs[0].pid:
+            os.kill(procs[0].pid, signal.SIGTERM)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for proc in procs:
+            proc.start()
+        return _watch(procs)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(timeout=5)
+
+
+def _watch(procs) -> int:
+    """Waits for every rank; once one has exited, the rest get _STOP_GRACE_S, then are killed."""
+    first_exit = None
+    while any(p.is_alive() for p in procs):
+        if first_exit is None and any(p.exitcode is not None for p in procs):
+            first_exit = time.monotonic()
+        if first_exit is not None and time.monotonic() - first_exit > _STOP_GRACE_S:
+            break
+        time.sleep(0.2)
+    codes = [p.exitcode for p in procs]
+    if all(code == 0 for code in codes):
+        return 0
+    failed = [f"rank {r} exit {c}" for r, c in enumerate(codes) if c not in (0, None)]
+    print(f"meshdit: error: the server stopped after a rank failure ({', '.join(failed) or 'ranks hung'}); "
+          "every rank was stopped", flush=True)
+    return 1
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

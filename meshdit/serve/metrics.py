@@ -1,0 +1,25 @@
+"""Prometheus metrics of one server (own registry, so tests can run several servers in one process)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+OUTCOMES = ("done", "failed", "cancelled", "rejected_queue_full", "rejected_invalid", "unauthorized")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.queue_length = Gauge("meshdit_queue_length", "Jobs waiting to run", registry=self.registry)
+        self.requests = Counter("meshdit_requests", "Image requests by outcome", ["outcome"], registry=self.registry)
+        for outcome in OUTCOMES:
+            self.requests.labels(outcome)  # every outcome shows, at 0, from the start
+        self.step_seconds = Histogram("meshdit_step_seconds", "Seconds per denoising step (whole batch)",
+                                      buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=self.registry)
+        self.request_seconds = Histogram("meshdit_request_seconds", "Seconds from submission to the job's end",
+                                         buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+                                         registry=self.registry)
+        self.batch_images = Histogram("meshdit_batch_images", "Images per batch run on the mesh",
+                                      buckets=(1, 2, 4, 8, 16, 32), registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

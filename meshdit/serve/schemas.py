@@ -1,0 +1,33 @@
+"""The HTTP request bodies: OpenAI's image fields plus meshdit's extensions, strictly typed."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+
+MAX_PROMPT_CHARS = 2000  # longer prompts are refused before tokenizing; the tokenizer limit is checked after
+
+
+class ImageRequest(BaseModel):
+    """POST /v1/images/generations and /v1/images/jobs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: StrictStr = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    model: StrictStr | None = None  # accepted for the openai client; the server has one model
+    n: StrictInt = Field(default=1, ge=1)
+    size: StrictStr | None = Field(default=None, pattern=r"^\d{1,5}x\d{1,5}$", description="WxH, e.g. 256x256")
+    response_format: Literal["b64_json"] = "b64_json"
+    user: StrictStr | None = None  # OpenAI's end-user id: accepted, unused
+    # meshdit's extensions
+    steps: StrictInt | None = Field(default=None, ge=1, le=1000)
+    seed: StrictInt = Field(default=0, ge=0, le=2**63 - 1)
+    guidance_scale: StrictFloat | StrictInt | None = Field(default=None, ge=0, le=100)
+    negative_prompt: StrictStr | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
+
+    def dimensions(self, default: tuple[int, int]) -> tuple[int, int]:
+        """(height, width)."""
+        if self.size is None:
+            return default
+        width, height = (int(v) for v in self.size.split("x"))
+        return height, width
