@@ -7,6 +7,7 @@ abbreviation such as `--ulysses` is never ambiguous between a flag and its alias
 from __future__ import annotations
 
 import argparse
+import re
 
 from .config import GenerateRequest, ParallelConfig
 
@@ -18,7 +19,13 @@ PIPEFUSION_WARMUP_COST = (
 
 
 class FlagParser(argparse.ArgumentParser):
-    """argparse, but an abbreviation that matches only spellings of one flag is not ambiguous."""
+    """argparse, but an abbreviation that matches only spellings of one flag is not ambiguous, and
+    `-1e3`, `-inf`, `-nan` are values (so `--guidance-scale -inf` reaches the range check)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$|^-(inf|infinity|nan)$",
+                                                   re.IGNORECASE)
 
     def _get_option_tuples(self, option_string):
         unique, seen = [], set()

@@ -45,14 +45,15 @@ def run_generate(job: GenerateJob) -> None:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
     mesh = ParallelMesh.build(job.config, device)
     start = time.perf_counter()
-    engine = Engine.from_pretrained(job.model, mesh, getattr(torch, job.dtype) if job.dtype in DTYPES else None, job.vae)
+    engine = Engine.from_pretrained(job.model, mesh, getattr(torch, job.dtype) if job.dtype in DTYPES else None,
+                                    job.vae, job.verbose)
     load_s = time.perf_counter() - start
     result = engine.generate(job.request, output_type="np", show_progress=mesh.is_output_rank)
     if mesh.is_output_rank:
         paths = save_images(result.images, job.output)
         s = result.seconds
         height, width = result.images.shape[1:3]
-        print(f"meshdit: {len(paths)} image(s) height {height} x width {width}, {job.request.num_inference_steps or 'default'} "
+        print(f"meshdit: {len(paths)} image(s) height {height} x width {width}, {job.request.num_inference_steps} "
               f"steps, layout {job.config.describe()} on {dist.get_world_size()} rank(s) ({device.type}): "
               f"{s['total']:.2f} s (prepare {s['prepare']:.2f}, denoise {s['denoise']:.2f}, "
               f"decode {s['decode']:.2f}; model load {load_s:.2f} s)")
