@@ -8,6 +8,7 @@ from .errors import ConfigError, RankFailedError
 from .flags import (FlagParser, add_layout_flags, add_model_flags, add_output_flags, add_request_flags,
                     layout_from_args, request_from_args)
 from .preflight import check_output_writable, read_prompt_file
+from .loading.cli_flags import add_loading_flags, loading_options
 
 
 def build_parser() -> FlagParser:
@@ -21,6 +22,7 @@ def build_parser() -> FlagParser:
     add_request_flags(gen)
     add_layout_flags(gen)
     add_output_flags(gen)
+    add_loading_flags(gen)
     from .serve.command import add_serve_parser
 
     add_serve_parser(commands, gen)
@@ -68,7 +70,7 @@ def generate_command(args) -> None:
     from .distributed.launch import launch
     from .runner import GenerateJob, run_generate
 
-    job = GenerateJob(model, config, request, args.output, args.dtype, args.verbose, vae)
+    job = GenerateJob(model, config, request, args.output, args.dtype, args.verbose, vae, loading_options(args))
     launch(run_generate, job, config.world_size)
 
 

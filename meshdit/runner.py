@@ -25,6 +25,7 @@ class GenerateJob:
     dtype: str | None = None  # None: bf16 on GPU, fp32 on CPU
     verbose: bool = False
     vae: VaeDecodeSettings | None = None
+    loading: object = None  # meshdit.loading.LoadOptions; None: the defaults
 
 
 def run_generate(job: GenerateJob) -> None:
@@ -46,7 +47,7 @@ def run_generate(job: GenerateJob) -> None:
     mesh = ParallelMesh.build(job.config, device)
     start = time.perf_counter()
     engine = Engine.from_pretrained(job.model, mesh, getattr(torch, job.dtype) if job.dtype in DTYPES else None,
-                                    job.vae, job.verbose)
+                                    job.vae, job.verbose, loading=job.loading)
     load_s = time.perf_counter() - start
     result = engine.generate(job.request, output_type="np", show_progress=mesh.is_output_rank)
     if mesh.is_output_rank:

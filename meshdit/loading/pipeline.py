@@ -4,10 +4,12 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.distributed as dist
 
 from ..errors import ConfigError
 from .load import LoadReport, load_model
 from .options import LoadOptions
+from .text import ENCODING_RANK, encode_on_one_rank, text_encoder_names
 
 
 def local_folder(model: str) -> str:
@@ -38,14 +40,19 @@ def load_pipeline_efficiently(model: str, device: torch.device, dtype: torch.dty
         select = lambda skeleton: stage_keep(skeleton, family.pipeline_plan(), mesh.local_rank("pp"), mesh.size("pp"))  # noqa: E731
     transformer, report = load_model(folder, "transformer", device, dtype, select, on_tensor,
                                      options.transport_for(device.type))
+    encoders = text_encoder_names(folder)
+    # Only the encoding rank loads the text encoders; the others get its embeddings.
+    skipped = {} if dist.get_rank() == ENCODING_RANK else {name: None for name in encoders}
     try:
-        pipe = DiffusionPipeline.from_pretrained(folder, transformer=transformer, dtype=dtype)
+        pipe = DiffusionPipeline.from_pretrained(folder, transformer=transformer, dtype=dtype, **skipped)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"could not load the pipeline {model!r}: {exc}") from exc
     pipe.set_progress_bar_config(disable=True)
+    encoder_device = torch.device(options.text_encoder_device or device)
     for name, component in pipe.components.items():
         if isinstance(component, torch.nn.Module) and name != "transformer":  # the transformer is in place
-            component.to(device)
+            component.to(encoder_device if name in encoders else device)
+    encode_on_one_rank(pipe, device, encoder_device)
     pipe.load_report = report
     return pipe
 

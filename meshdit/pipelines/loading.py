@@ -32,4 +32,13 @@ def load_pipeline(model: str, device: torch.device, torch_dtype: torch.dtype | N
     except (OSError, ValueError) as exc:
         raise ConfigError(f"could not load the pipeline {model!r}: {exc}") from exc
     pipe.set_progress_bar_config(disable=True)
-    return pipe.to(device)
+    pipe.to(device)
+    if options.text_encoder_device:  # text encoders stay there; embeddings move to `device`
+        from ..loading.text import encode_on_one_rank
+
+        encoder_device = torch.device(options.text_encoder_device)
+        for name, component in pipe.components.items():
+            if name.startswith("text_encoder") and component is not None:
+                component.to(encoder_device)
+        encode_on_one_rank(pipe, device, encoder_device)
+    return pipe

@@ -79,3 +79,20 @@ def warm(degrees: dict) -> None:
     import diffusers  # noqa: F401
 
     mesh_for(ParallelConfig(**degrees))
+
+
+def text_encoder_params_and_image(folder: str, degrees: dict):
+    """(text-encoder parameters this rank holds, image) after an efficient load over `degrees`."""
+    mesh = mesh_for(ParallelConfig(**degrees))
+    pipe = load_pipeline(folder, mesh.device, torch.float32, mesh, LoadOptions())
+    held = sum(p.numel() for name, c in pipe.components.items()
+               if name.startswith("text_encoder") and c is not None for p in c.parameters())
+    return held, _image(pipe, mesh)
+
+
+def single_process_image(folder: str):
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(folder, dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    return _image(pipe, None)

@@ -59,4 +59,4 @@ def test_every_rank_fails_naming_the_file(run_ranks, flux_folder, tmp_path, dama
     elapsed = time.monotonic() - start
     for rank, message in enumerate(messages):
         assert path in message and words in message, f"rank {rank}: {message!r}"
-    assert elapsed < 10, f"took {elapsed:.1f} s"
+    assert elapsed < 30, f"took {elapsed:.1f} s"  # ~1 s when idle; margin for a loaded 2-core CI
