@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.serve.server import SMALL, Server, children
+from meshdit.testing.serve_process import SMALL, Server, children
 
 PROMPT = "two red circles on a white background"
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.serve.server import KEY, REPO, SMALL, Server
+from meshdit.testing.serve_process import KEY, REPO, SMALL, Server
 
 PROMPT = "two red circles on a white background"
 # A batch is not bit-equal to its requests alone (tests/serve/test_engine_batching.py): at most

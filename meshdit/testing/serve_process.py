@@ -1,4 +1,4 @@
-"""Starting a real `meshdit serve` (its own ranks, the bundled model) for the serving tests."""
+"""Starting a real `meshdit serve` (its own ranks) as a subprocess, for the serving tests and load benchmark."""
 from __future__ import annotations
 
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[2]  # the checkout (PYTHONPATH for the server)
 KEY = "test-key-5f1d0c"
 SMALL = ["--height", "64", "--width", "64", "--steps", "4"]  # the bundled model, small and quick
 
