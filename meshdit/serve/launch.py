@@ -21,11 +21,20 @@ _STOP_GRACE_S = 15.0  # after the first rank exits, how long the others get to e
 
 def _rank_main(rank: int, world_size: int, settings: ServeSettings) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
-    from ..distributed.mesh import teardown_distributed
+    import sys
+    import traceback
+
     from .worker import run_serve
 
-    run_serve(settings)
-    teardown_distributed()
+    code = 0
+    try:
+        run_serve(settings)
+    except BaseException:  # noqa: BLE001 - reported here; the exit status tells the launcher
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # gloo teardown after the mesh stopped (or lost a peer) can hang; nothing is left to do
 
 
 def serve_ranks(settings: ServeSettings) -> int:

@@ -1,7 +1,9 @@
 """Prometheus metrics of one server (own registry, so tests can run several servers in one process)."""
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+
+disable_created_metrics()  # no *_created samples: they only add noise to a scrape
 
 OUTCOMES = ("done", "failed", "cancelled", "rejected_queue_full", "rejected_invalid", "unauthorized")
 

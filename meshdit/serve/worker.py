@@ -67,9 +67,9 @@ def run_serve(settings: ServeSettings) -> None:
         print(f"meshdit: error: the mesh failed ({state.dead}); answering 503 for {DEAD_GRACE_S:g} s, then "
               "exiting (no restart: start `meshdit serve` again)", flush=True)
         time.sleep(DEAD_GRACE_S)
-        server.should_exit = True
+        stop_http(server)
         os._exit(1)  # gloo teardown with a dead peer can hang; nothing is left to flush
-    server.should_exit = True
+    stop_http(server)
     print("meshdit: drained and stopped every rank", flush=True)
 
 
@@ -130,13 +130,21 @@ def start_http(state: ServerState):
     from .app import create_app
 
     config = uvicorn.Config(create_app(state), host=state.settings.host, port=state.settings.port,
-                            log_level="warning", access_log=False, lifespan="off")
+                            log_level="warning", access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="meshdit-http", daemon=True)
     thread.start()
+    server.thread = thread
     deadline = time.monotonic() + 30
     while not server.started and thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     if not server.started:
         raise RuntimeError(f"could not serve on {state.settings.host}:{state.settings.port}")
     return server
+
+
+def stop_http(server) -> None:
+    """Lets answers in flight (e.g. the drained job's) reach their clients, then stops serving."""
+    server.should_exit = True
+    server.thread.join(timeout=10)
