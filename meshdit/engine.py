@@ -32,22 +32,22 @@ class Engine:
     request: the ranks cooperate on each transformer call.
     """
 
-    def __init__(self, pipe, mesh: ParallelMesh | None = None, vae: VaeDecodeSettings | None = None) -> None:
+    def __init__(self, pipe, mesh: ParallelMesh | None = None, vae: VaeDecodeSettings | None = None, fp8=None) -> None:
         self.pipe = pipe
         self.mesh = mesh
         self.vae = vae or VaeDecodeSettings()
         self.vae.validate()
         self.info = ModelInfo.from_pipeline(pipe)
         self.recipe = self.info.family.recipe_class()(pipe)
-        self._parallel = parallelize(pipe, self.info.family, mesh) if mesh is not None else None
+        self._parallel = parallelize(pipe, self.info.family, mesh, fp8) if mesh is not None or fp8 else None
 
     @classmethod
     def from_pretrained(cls, model: str, mesh: ParallelMesh | None = None, torch_dtype=None,
-                        vae: VaeDecodeSettings | None = None) -> "Engine":
+                        vae: VaeDecodeSettings | None = None, fp8=None) -> "Engine":
         from .pipelines.loading import load_pipeline
 
         device = mesh.device if mesh is not None else torch.device("cpu")
-        return cls(load_pipeline(model, device, torch_dtype), mesh, vae)
+        return cls(load_pipeline(model, device, torch_dtype), mesh, vae, fp8)
 
     def check(self, request: GenerateRequest) -> None:
         """Raises ConfigError if this request cannot run on this layout (or at all)."""
