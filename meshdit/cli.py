@@ -6,6 +6,7 @@ import sys
 
 from .config import GenerateRequest, ParallelConfig
 from .errors import ConfigError, RankFailedError
+from .quant.cli_flags import add_fp8_flags, fp8_config_from_args
 from .vae import VaeDecodeSettings
 
 
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(gen, "vae-tile-width", type=int, default=None, help="tiled decode: tile width in output pixels")
     _add(gen, "vae-tile-overlap", type=int, default=64, help="tiled decode: overlap in output pixels")
     _add(gen, "verbose", action="store_true")
+    add_fp8_flags(gen)
     return parser
 
 
@@ -100,7 +102,7 @@ def generate_command(args) -> None:
     from .distributed.launch import launch
     from .runner import GenerateJob, run_generate
 
-    job = GenerateJob(model, config, request, args.output, args.dtype, args.verbose, vae)
+    job = GenerateJob(model, config, request, args.output, args.dtype, args.verbose, vae, fp8_config_from_args(args))
     launch(run_generate, job, config.world_size)
 
 

@@ -27,6 +27,7 @@ class GenerateJob:
     dtype: str | None = None  # None: bf16 on GPU, fp32 on CPU
     verbose: bool = False
     vae: VaeDecodeSettings | None = None
+    fp8: object = None  # meshdit.quant.settings.Fp8Config, None: no FP8
 
 
 def run_generate(job: GenerateJob) -> None:
@@ -40,7 +41,7 @@ def run_generate(job: GenerateJob) -> None:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
     mesh = ParallelMesh.build(job.config, device)
     start = time.perf_counter()
-    engine = Engine.from_pretrained(job.model, mesh, DTYPES.get(job.dtype) if job.dtype else None, job.vae)
+    engine = Engine.from_pretrained(job.model, mesh, DTYPES.get(job.dtype) if job.dtype else None, job.vae, job.fp8)
     load_s = time.perf_counter() - start
     result = engine.generate(job.request, output_type="np", show_progress=mesh.is_output_rank)
     if mesh.is_output_rank:

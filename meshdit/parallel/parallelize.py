@@ -36,7 +36,7 @@ def parallelize(pipe, family: ModelFamily, mesh: ParallelMesh | None, fp8=None) 
     done = Parallelized()
     config = mesh.config if mesh is not None else None
     device = mesh.device if mesh is not None else pipe.transformer.device
-    backend = runtime.attention_backend(fp8)
+    backend = runtime.attention_backend(fp8, device)
     if backend is not None:  # attention no sequence-parallel hook routes (serial, cross-attention)
         done.handles += apply_attention_backend(pipe.transformer, backend)
     if config is not None and (config.sp_degree > 1 or config.pipefusion_parallel_degree > 1):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..attention.fp8 import fp8_attention_with_lse
+from ..attention.fp8 import fp8_attention_with_lse, gpu_kernel
 from ..attention.usp import EXACT, WireCodecs
 from .codec import Fp8WireCodec
 from .formats import check_fp8_gemm, fp8_dtype
@@ -22,9 +22,12 @@ class Fp8AttentionBackend:
         return fp8_attention_with_lse(q, k, v, scale)
 
 
-def attention_backend(fp8: Fp8Config | None):
-    """None means torch's SDPA, untouched."""
-    return Fp8AttentionBackend() if fp8 is not None and fp8.attention == "fp8" else None
+def attention_backend(fp8: Fp8Config | None, device: torch.device):
+    """None means torch's SDPA, untouched. On a GPU, finds (and logs) the FP8 kernel now, at start."""
+    if fp8 is None or fp8.attention != "fp8":
+        return None
+    gpu_kernel(device)
+    return Fp8AttentionBackend()
 
 
 def wire_codecs(fp8: Fp8Config | None, device: torch.device) -> WireCodecs:

@@ -15,7 +15,8 @@ SIZE = (36, 44)  # 9 x 11 image tokens: shards and patches of uneven size
 STEPS = 3
 
 
-def run(name: str, degrees: dict, fp8: Fp8Config | None, steps: int = STEPS, size=SIZE, dtype=None) -> dict:
+def run(name: str, degrees: dict, fp8: Fp8Config | None, steps: int = STEPS, size=SIZE, dtype=None,
+        break_scale: bool = False) -> dict:
     """One generation on a freshly built tiny pipeline (FP8 weights and PipeFusion change it for good).
 
     Returns the guided noise predictions of every step stacked (None on ranks that do not guide,
@@ -28,6 +29,10 @@ def run(name: str, degrees: dict, fp8: Fp8Config | None, steps: int = STEPS, siz
         pipe.to(dtype)
     config = ParallelConfig(**degrees)
     engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None, fp8=fp8)
+    if break_scale:  # a bug the error bound must catch: every FP8 weight scale off by 2x
+        for module in pipe.transformer.modules():
+            if hasattr(module, "weight_scale"):
+                module.weight_scale.mul_(2)
     preds, forwards = [], [0]
     guide = engine.recipe.guide
 
