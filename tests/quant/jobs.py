@@ -9,6 +9,7 @@ from meshdit.engine import Engine
 from meshdit.quant.settings import Fp8Config
 from meshdit.testing.rank_pool import mesh_for
 from meshdit.testing.tiny_models import tiny_pipeline
+from meshdit.vae import VaeDecodeSettings
 from tests import sp_jobs
 
 SIZE = (36, 44)  # 9 x 11 image tokens: shards and patches of uneven size
@@ -16,7 +17,7 @@ STEPS = 3
 
 
 def run(name: str, degrees: dict, fp8: Fp8Config | None, steps: int = STEPS, size=SIZE, dtype=None,
-        break_scale: bool = False) -> dict:
+        break_scale: bool = False, parallel_vae: bool = False) -> dict:
     """One generation on a freshly built tiny pipeline (FP8 weights and PipeFusion change it for good).
 
     Returns the guided noise predictions of every step stacked (None on ranks that do not guide,
@@ -28,7 +29,8 @@ def run(name: str, degrees: dict, fp8: Fp8Config | None, steps: int = STEPS, siz
     if dtype is not None:
         pipe.to(dtype)
     config = ParallelConfig(**degrees)
-    engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None, fp8=fp8)
+    vae = VaeDecodeSettings(parallel=parallel_vae)
+    engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None, vae, fp8=fp8)
     if break_scale:  # a bug the error bound must catch: every FP8 weight scale off by 2x
         for module in pipe.transformer.modules():
             if hasattr(module, "weight_scale"):
@@ -45,12 +47,12 @@ def run(name: str, degrees: dict, fp8: Fp8Config | None, steps: int = STEPS, siz
     handle = pipe.transformer.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
     try:
         comm_stats.reset()
-        engine.generate(sp_jobs.request(name, *size, steps=steps))
+        image = engine.generate(sp_jobs.request(name, *size, steps=steps)).images
         sent, bf16 = dict(comm_stats.bytes_sent), dict(comm_stats.bf16_bytes)
     finally:
         handle.remove()
         engine.close()
-    return dict(preds=torch.stack(preds) if preds else None, sent=sent, bf16=bf16, forwards=forwards[0],
+    return dict(preds=torch.stack(preds) if preds else None, image=image, sent=sent, bf16=bf16, forwards=forwards[0],
                 steps=steps, block_bytes=block_bytes(pipe.transformer))
 
 

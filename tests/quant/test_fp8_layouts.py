@@ -62,3 +62,16 @@ def test_error_within_bound(run_ranks, layout, option):
         return
     bound = PIPE_COMM_BOUND if layout == "pp2" and option in ("comm", "all") else BOUND[option]
     assert 0.0 < error <= bound, f"{option} on {layout}: {error}"
+
+
+@pytest.mark.parametrize("layout", ["pp2u2", "cfg2r2_parallel_vae"])
+def test_all_options_on_hybrid_layouts(run_ranks, layout):
+    """Everything FP8 at once on two axes together (and with the patch-parallel VAE)."""
+    degrees = {"pp2u2": dict(pipefusion_parallel_degree=2, ulysses_degree=2, warmup_steps=jobs.STEPS),
+               "cfg2r2_parallel_vae": dict(cfg_degree=2, ring_degree=2)}[layout]
+    results = run_ranks(4, jobs.run, "flux", degrees, OPTIONS["all"], parallel_vae=layout.endswith("vae"))
+    error = rel_error(results)
+    print(f"fp8 all {layout}: rel error {error:.5f}")
+    assert 0.0 < error <= (PIPE_COMM_BOUND if layout.startswith("pp2") else BOUND["all"])
+    images = [r["image"] for r in results]
+    assert all((image == images[0]).all() for image in images)  # every rank returns the same image
