@@ -1,6 +1,6 @@
 """The bundled model's 56 held-out prompts with each FP8 option and all together, per layout.
 
-    python -m benchmarks.fp8_default_model [--limit N] [--only "serial all,ulysses 2 comm"]
+    python -m benchmarks.fp8_default_model [--limit N] [--only "serial all;ulysses 2 comm"]
 
 Score (bound: at most 2 points below the fp32 SDPA serial score) and PSNR of the images against
 that serial run; rows are appended to benchmarks/results/fp8_default_model.md as each finishes.
@@ -68,11 +68,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, default=None, help="only the first N evaluation prompts")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", default=None, help='comma-separated "LAYOUT OPTION" runs (default: all)')
+    parser.add_argument("--only", default=None, help='";"-separated "LAYOUT OPTION" runs (default: all)')
     parser.add_argument("--out", default="benchmarks/results/fp8_default_model.md")
     args = parser.parse_args()
     prompts = list(dataset.EVAL_PROMPTS[: args.limit] if args.limit else dataset.EVAL_PROMPTS)
-    order = ORDER if not args.only else [tuple(r.strip().rsplit(" ", 1)) for r in args.only.split(",")]
+    order = ORDER if not args.only else [tuple(r.strip().rsplit(" ", 1)) for r in args.only.split(";")]
     if order[0] != ("serial", "none"):
         order = [("serial", "none")] + order  # the reference
     with open(args.out, "w") as f:
