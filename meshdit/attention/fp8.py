@@ -83,9 +83,13 @@ def _fa3(fa3, q, k, v, scale):
         quantized.append((t.float() / s[..., None, None]).clamp(-limit, limit).to(fmt).transpose(1, 2).contiguous())
         descales.append(s)
     try:
-        out, lse = fa3.flash_attn_func(*quantized, softmax_scale=scale, q_descale=descales[0],
-                                       k_descale=descales[1], v_descale=descales[2], return_attn_probs=False)[:2]
-    except Exception as exc:  # noqa: BLE001 - an FA3 build without FP8: fall back, loudly, once
+        # versions differ: some return out, others (out, lse, ...) (with return_attn_probs)
+        result = fa3.flash_attn_func(*quantized, softmax_scale=scale, q_descale=descales[0],
+                                     k_descale=descales[1], v_descale=descales[2], return_attn_probs=True)
+        if not isinstance(result, (tuple, list)) or len(result) < 2:
+            raise RuntimeError("this FlashAttention-3 build does not return the log-sum-exp")
+        out, lse = result[0], result[1]  # [B, Sq, H, D], [B, H, Sq]
+    except Exception as exc:  # noqa: BLE001 - an FA3 build without FP8 or LSE: fall back, loudly, once
         log.warning("meshdit: FlashAttention-3 FP8 call failed (%s); using the emulation", exc)
         _KERNELS[q.device] = None
         return None
