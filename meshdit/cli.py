@@ -9,6 +9,7 @@ from .flags import (FlagParser, add_layout_flags, add_model_flags, add_output_fl
                     layout_from_args, request_from_args)
 from .preflight import check_output_writable, read_prompt_file
 from .loading.cli_flags import add_loading_flags, loading_options
+from .quant.cli_flags import add_fp8_flags, fp8_config_from_args
 
 
 def build_parser() -> FlagParser:
@@ -23,6 +24,7 @@ def build_parser() -> FlagParser:
     add_layout_flags(gen)
     add_output_flags(gen)
     add_loading_flags(gen)
+    add_fp8_flags(gen)
     from .serve.command import add_serve_parser
 
     add_serve_parser(commands, gen)
@@ -70,7 +72,8 @@ def generate_command(args) -> None:
     from .distributed.launch import launch
     from .runner import GenerateJob, run_generate
 
-    job = GenerateJob(model, config, request, args.output, args.dtype, args.verbose, vae, loading_options(args))
+    job = GenerateJob(model, config, request, args.output, args.dtype, args.verbose, vae, loading_options(args),
+                      fp8_config_from_args(args))
     launch(run_generate, job, config.world_size)
 
 

@@ -34,7 +34,7 @@ class Engine:
     request: the ranks cooperate on each transformer call.
     """
 
-    def __init__(self, pipe, mesh: ParallelMesh | None = None, vae: VaeDecodeSettings | None = None) -> None:
+    def __init__(self, pipe, mesh: ParallelMesh | None = None, vae: VaeDecodeSettings | None = None, fp8=None) -> None:
         self.pipe = pipe
         self.mesh = mesh
         self.vae = vae or VaeDecodeSettings()
@@ -43,15 +43,15 @@ class Engine:
         self.recipe = self.info.family.recipe_class()(pipe)
         if mesh is not None:
             self.info.check_layout(mesh.config)  # the CLI's ConfigError, before any hook is installed
-        self._parallel = parallelize(pipe, self.info.family, mesh) if mesh is not None else None
+        self._parallel = parallelize(pipe, self.info.family, mesh, fp8) if mesh is not None or fp8 else None
 
     @classmethod
     def from_pretrained(cls, model: str | None = None, mesh: ParallelMesh | None = None, torch_dtype=None,
                         vae: VaeDecodeSettings | None = None, show_progress: bool = False,
-                        loading=None) -> "Engine":
+                        loading=None, fp8=None) -> "Engine":
         """`model`: a pipeline folder or Hub id; None: meshdit's bundled model (with its own size, steps and
         guidance as request defaults). Loading progress bars show only with show_progress=True.
-        `loading`: LoadOptions (memory-efficient load, text-encoder placement)."""
+        `loading`: LoadOptions (memory-efficient load, text-encoder placement); `fp8`: Fp8Config."""
         from .pipelines.loading import load_pipeline
 
         if model is None:
@@ -61,7 +61,7 @@ class Engine:
         device = mesh.device if mesh is not None else torch.device("cpu")
         with _progress_bars(show_progress):
             pipe = load_pipeline(model, device, torch_dtype, mesh, loading)
-        return cls(pipe, mesh, vae)
+        return cls(pipe, mesh, vae, fp8)
 
     def resolve(self, request: GenerateRequest) -> GenerateRequest:
         """The request with unset values from this model's defaults (the same ones `meshdit generate` uses)."""

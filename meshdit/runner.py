@@ -26,6 +26,7 @@ class GenerateJob:
     verbose: bool = False
     vae: VaeDecodeSettings | None = None
     loading: object = None  # meshdit.loading.LoadOptions; None: the defaults
+    fp8: object = None  # meshdit.quant.settings.Fp8Config, None: no FP8
 
 
 def run_generate(job: GenerateJob) -> None:
@@ -47,7 +48,7 @@ def run_generate(job: GenerateJob) -> None:
     mesh = ParallelMesh.build(job.config, device)
     start = time.perf_counter()
     engine = Engine.from_pretrained(job.model, mesh, getattr(torch, job.dtype) if job.dtype in DTYPES else None,
-                                    job.vae, job.verbose, loading=job.loading)
+                                    job.vae, job.verbose, loading=job.loading, fp8=job.fp8)
     load_s = time.perf_counter() - start
     result = engine.generate(job.request, output_type="np", show_progress=mesh.is_output_rank)
     if mesh.is_output_rank:
