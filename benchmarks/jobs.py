@@ -5,9 +5,10 @@ the job by name, so everything here is module-level. Models and engines are
 built once per rank process and reused for every token count.
 
 Timing: each round runs the serial baseline(s) on rank 0 alone (rank 1 waits in
-a barrier) and every parallel configuration on both ranks, in an order rotated
-each round; a configuration's time for a round is the slower rank's. Medians
-over rounds are taken by the caller.
+a barrier), the same serial work on both ranks at once with no communication
+(the machine's ceiling: what no 2-rank method can beat here), and every parallel
+configuration on both ranks, in an order rotated each round; a configuration's
+time for a round is the slower rank's. Medians over rounds are taken by the caller.
 """
 from __future__ import annotations
 
@@ -125,6 +126,9 @@ def scaling_job(size_name: str, method_names: list[str], tokens: int, text_token
         if baseline not in entries:
             entries[baseline] = (forward_entry(setup.base.transformer, rank0) if m.unit == "forward"
                                  else step_entry(setup.serial, m.cfg, rank0))
+            ceiling = baseline.replace("serial/", "ceiling/")
+            entries[ceiling] = (forward_entry(setup.base.transformer, everyone) if m.unit == "forward"
+                                else step_entry(setup.serial, m.cfg, everyone))
         engine = setup.meshdit[m.name]
         entries[f"{m.name}/meshdit"] = (forward_entry(engine.pipe.transformer, everyone) if m.unit == "forward"
                                         else step_entry(engine, m.cfg, everyone))
@@ -137,7 +141,7 @@ def scaling_job(size_name: str, method_names: list[str], tokens: int, text_token
         if label.startswith("serial"):
             refs[label] = run()
     for label, (ranks, run, _) in entries.items():
-        if not label.startswith("serial"):
+        if not _is_reference(label):
             result = run()
             ref = refs[_baseline(_method_of(setup, label))]
             out["max_abs_diff"][label] = (_max_abs_diff(result, ref) if isinstance(result, torch.Tensor)
@@ -162,7 +166,7 @@ def scaling_job(size_name: str, method_names: list[str], tokens: int, text_token
     phase("rounds")
     # Bytes sent by this rank per denoising step, counted at the collectives.
     for label, (ranks, run, _) in entries.items():
-        if label.startswith("serial"):
+        if _is_reference(label):
             continue
         m = _method_of(setup, label)
         if label.endswith("/diffusers"):
@@ -188,7 +192,7 @@ def scaling_job(size_name: str, method_names: list[str], tokens: int, text_token
     # Memory: parameters held, and peak bytes allocated during one forward (or one 1-step generate).
     for label, (ranks, run, _) in entries.items():
         dist.barrier()
-        if rank not in ranks:
+        if rank not in ranks or label.startswith("ceiling"):
             continue
         m = _method_of(setup, label)
         transformer = (setup.base.transformer if label.startswith("serial") else
@@ -212,6 +216,11 @@ class _Phases:
         now = time.perf_counter()
         self.seconds[name] = round(now - self._last, 2)
         self._last = now
+
+
+def _is_reference(label: str) -> bool:
+    """Serial baselines and the ceiling runs: the same serial work, no method under test."""
+    return label.startswith(("serial/", "ceiling/"))
 
 
 def _baseline(m: Method) -> str:

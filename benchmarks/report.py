@@ -41,6 +41,10 @@ def _yes(flag) -> str:
     return {True: "met", False: "NOT met", None: "n/a"}[flag]
 
 
+def _pct(x) -> str:
+    return f"{x:.0%}" if x is not None else "-"
+
+
 def _mb(n) -> str:
     return f"{n / 2**20:.2f}" if n is not None else "-"
 
@@ -69,20 +73,25 @@ def write_markdown(r: dict) -> str:
               f"Units: {s['unit_note']}. Medians over interleaved rounds; a round's parallel time is the slower "
               "rank's. diffusers = its own context parallelism (`enable_parallelism(ContextParallelConfig)`) on "
               "CPU through the shim in benchmarks/diffusers_cp.py.", "",
-              "| image tokens | text tokens | method | unit | serial s | meshdit s | meshdit speedup | diffusers s "
-              "| diffusers speedup | meshdit / diffusers speed | max abs diff vs serial (meshdit; diffusers) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "Ceiling: the same serial work run by both ranks at once with no communication; its throughput "
+              "over one rank's is what no 2-rank method can beat on this machine. Efficiency = speedup / ceiling.", "",
+              "| image tokens | text tokens | method | unit | serial s | ceiling | meshdit s | meshdit speedup "
+              "| meshdit efficiency | diffusers s | diffusers speedup | diffusers efficiency "
+              "| meshdit / diffusers speed | max abs diff vs serial (meshdit; diffusers) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     skipped = {}
     for c in s["cases"]:
         skipped.update(c.get("skipped", {}))
         for name, e in c["methods"].items():
             mine, theirs = e["meshdit"], e.get("diffusers")
             serial = c["median_seconds"][e["baseline"]]
+            ceiling = c.get("ceiling", {}).get(e["baseline"])
             lines.append(
                 f"| {c['image_tokens']} | {c['text_tokens']} | {name} | {e['unit']} | {serial:.4f} | "
-                f"{mine['median_seconds']:.4f} | **{mine['speedup']:.2f}x** | "
-                + (f"{theirs['median_seconds']:.4f} | {theirs['speedup']:.2f}x | "
-                   f"{theirs['median_seconds'] / mine['median_seconds']:.3f} | " if theirs else "- | - | - | ")
+                f"{f'{ceiling:.2f}x' if ceiling else '-'} | "
+                f"{mine['median_seconds']:.4f} | **{mine['speedup']:.2f}x** | {_pct(mine.get('efficiency'))} | "
+                + (f"{theirs['median_seconds']:.4f} | {theirs['speedup']:.2f}x | {_pct(theirs.get('efficiency'))} | "
+                   f"{theirs['median_seconds'] / mine['median_seconds']:.3f} | " if theirs else "- | - | - | - | ")
                 + f"{mine['max_abs_diff_vs_serial']:.2g}; "
                 + (f"{theirs['max_abs_diff_vs_serial']:.2g} |" if theirs else "- |"))
     waits = [c["waiting_rank_cpu_fraction"] for c in s["cases"] if c.get("waiting_rank_cpu_fraction") is not None]
@@ -155,8 +164,10 @@ def write_png(r: dict, path: Path) -> None:
     from PIL import Image, ImageDraw, ImageFont
 
     groups = []  # (label, {impl: speedup})
+    ceilings = []  # per group: the ceiling of its baseline, drawn as a black line
     for c in r["scaling"]["cases"]:
         for name, e in c["methods"].items():
+            ceilings.append(c.get("ceiling", {}).get(e["baseline"]))
             groups.append((f"{name} @ {c['image_tokens']}", {k: e[k]["speedup"] for k in ("meshdit", "diffusers")
                                                               if k in e}))
     width, height = max(640, 90 + 130 * len(groups)), 460
@@ -172,7 +183,7 @@ def write_png(r: dict, path: Path) -> None:
               f"overhead vs diffusers {o['ratio']:.3f}x", fill="black", font=font)
     draw.text((left, 32), f"{r['meta']['date_utc']}, load average at start {r['meta']['load_average_start']}",
               fill=(90, 90, 90), font=small)
-    top_value = max([2.0] + [v for _, d in groups for v in d.values()]) * 1.1
+    top_value = max([2.0] + [v for _, d in groups for v in d.values()] + [v for v in ceilings if v]) * 1.1
     plot_h = height - top - bottom
 
     def y(v):
@@ -189,6 +200,9 @@ def write_png(r: dict, path: Path) -> None:
     slot = (width - left - right) / max(1, len(groups))
     for i, (label, values) in enumerate(groups):
         x0 = left + i * slot + slot * 0.15
+        if ceilings[i]:
+            draw.line([(x0 - 4, y(ceilings[i])), (x0 + slot * 0.7, y(ceilings[i]))], fill="black", width=2)
+            draw.text((x0, y(ceilings[i]) - 15), f"ceiling {ceilings[i]:.2f}", fill="black", font=small)
         bar = slot * 0.7 / 2
         for j, impl in enumerate(("meshdit", "diffusers")):
             if impl not in values:

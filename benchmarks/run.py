@@ -2,7 +2,8 @@
 
 One run measures, on this machine and in one sitting:
   1. overhead   meshdit (all degrees 1) vs the plain diffusers pipeline, interleaved, same image
-  2. scaling    2 ranks x 1 thread vs 1 rank x 1 thread, meshdit and diffusers' own context parallelism
+  2. scaling    2 ranks x 1 thread vs 1 rank x 1 thread, meshdit and diffusers' own context parallelism,
+                each against the ceiling (the serial work in 2 processes at once, no communication)
   3. communication  bytes per rank per denoising step, counted at the collectives, vs the formula
   4. memory     parameter bytes and peak activation bytes per rank
   5. gpu        the overhead comparison at FLUX.1-dev size, where a GPU exists
@@ -82,14 +83,19 @@ def scaling_sections(cfg: dict, log) -> tuple[dict, dict, dict]:
             shape = _shape(cfg["model"], tokens, cfg["text_tokens"])
             ccase = {"image_tokens": tokens, "text_tokens": cfg["text_tokens"], "methods": {}}
             mcase = {"image_tokens": tokens, "rows": {}}
+            # ceiling: two ranks each doing the serial work at once, no communication; throughput vs one rank
+            case["ceiling"] = {label.replace("ceiling/", "serial/"): 2 * med[label.replace("ceiling/", "serial/")]
+                               / med[label] for label in r0["times"] if label.startswith("ceiling/")}
             for label in r0["times"]:
-                if label.startswith("serial"):
+                if label.startswith(("serial/", "ceiling/")):
                     continue
                 name, impl = label.split("/")
                 m = method(name)
                 baseline = "serial/forward" if m.unit == "forward" else f"serial/step{'-cfg' if m.cfg else ''}"
+                speedup = med[baseline] / med[label]
                 case["methods"].setdefault(name, {"unit": m.unit, "baseline": baseline})[impl] = {
-                    "median_seconds": med[label], "speedup": med[baseline] / med[label],
+                    "median_seconds": med[label], "speedup": speedup,
+                    "efficiency": speedup / case["ceiling"][baseline],
                     "max_abs_diff_vs_serial": max(r["max_abs_diff"][label] for r in ranks)}
                 measured = [sum(r["bytes"][label].values()) for r in ranks]
                 formula = m.formula(m.degree, shape) * shape.element_bytes if m.formula else None

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from .errors import ConfigError
 
@@ -10,8 +10,15 @@ from .errors import ConfigError
 # ranks, ring groups strided, then pipefusion, cfg and data outside them.
 MESH_AXES = ("dp", "cfg", "pp", "ring", "ulysses")
 
-# Axes whose strategy has not landed yet: refused, never silently ignored.
-_NOT_YET_SUPPORTED: dict[str, str] = {}
+# The flag that sets each ParallelConfig field, for messages (cfg_degree is --use-cfg-parallel's 2).
+_LAYOUT_FLAGS = {
+    "data_parallel_degree": "--data-parallel-degree", "cfg_degree": "cfg degree",
+    "pipefusion_parallel_degree": "--pipefusion-parallel-degree", "ring_degree": "--ring-degree",
+    "ulysses_degree": "--ulysses-degree", "num_pipeline_patch": "--num-pipeline-patch",
+    "warmup_steps": "--warmup-steps",
+}
+MAX_SIDE = 8192  # pixels; larger sides are refused before anything allocates (a 100000 px side wanted 5 GB)
+MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
 
 
 @dataclass(frozen=True)
@@ -66,14 +73,9 @@ class ParallelConfig:
             value = getattr(self, f.name)
             if value is None and f.name == "num_pipeline_patch":
                 continue
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{f.name} must be a whole number >= 1, got {value!r}.")
-        for name, what in _NOT_YET_SUPPORTED.items():
-            if getattr(self, name) != 1:
-                raise ConfigError(
-                    f"{what} is not yet supported by this version of meshdit; "
-                    f"remove the option (set {name} = 1) and use --ulysses-degree / --ring-degree."
-                )
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                flag = _LAYOUT_FLAGS.get(f.name, f.name)
+                raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}: use {flag} 1 or more.")
         if self.cfg_degree not in (1, 2):
             raise ConfigError(f"cfg degree must be 1 or 2 (one rank group per guidance branch), got {self.cfg_degree}.")
         if world_size is not None and world_size != self.world_size:
@@ -87,9 +89,22 @@ class ParallelConfig:
         return " x ".join(f"{k}={v}" for k, v in self.degrees.items())
 
 
+@dataclass(frozen=True)
+class RequestDefaults:
+    """What a model generates when a request leaves a value unset (models/info.py says which model gets what)."""
+
+    height: int
+    width: int
+    steps: int
+    guidance_scale: float
+    max_sequence_length: int
+
+
 @dataclass
 class GenerateRequest:
-    """One generation: what to draw and how. Fields mirror `meshdit generate` flags."""
+    """One generation: what to draw and how. Fields mirror `meshdit generate` flags.
+
+    Unset (None) values take the model's defaults (Engine.generate, and the CLI, fill them the same way)."""
 
     prompt: str | list[str] = "a red circle on a white background"
     negative_prompt: str | None = None
@@ -105,3 +120,58 @@ class GenerateRequest:
     @property
     def prompts(self) -> list[str]:
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+    def with_defaults(self, defaults: RequestDefaults) -> "GenerateRequest":
+        """A copy with every unset value taken from `defaults`."""
+        extra = dict(self.extra)
+        extra.setdefault("max_sequence_length", defaults.max_sequence_length)
+        return replace(
+            self, height=self.height if self.height is not None else defaults.height,
+            width=self.width if self.width is not None else defaults.width,
+            num_inference_steps=self.num_inference_steps if self.num_inference_steps is not None else defaults.steps,
+            guidance_scale=self.guidance_scale if self.guidance_scale is not None else defaults.guidance_scale,
+            extra=extra)
+
+    def validate(self) -> None:
+        """Range checks that need no model; each message names the flag and the fix."""
+        _check_texts("--prompt", self.prompts, allow_empty=False)
+        if self.negative_prompt is not None:
+            _check_texts("--negative-prompt", [self.negative_prompt], allow_empty=True)
+        _check_int("--steps", self.num_inference_steps, 1, None, "e.g. --steps 20")
+        for name in ("height", "width"):
+            _check_int(f"--{name}", getattr(self, name), 1, MAX_SIDE,
+                       f"image sides are 1..{MAX_SIDE} pixels, e.g. --{name} 1024")
+        _check_int("--seed", self.seed, 0, MAX_SEED, f"seeds are 0..2**64-1 ({MAX_SEED})", allow_none=False)
+        _check_int("--num-images-per-prompt", self.num_images_per_prompt, 1, None,
+                   "each prompt makes at least one image, e.g. --num-images-per-prompt 1", allow_none=False)
+        scale = self.guidance_scale
+        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                                  or not math.isfinite(scale)):
+            raise ConfigError(f"--guidance-scale must be a finite number, got {scale!r} (inf or nan would write a "
+                              "NaN image or silently turn guidance off): use e.g. --guidance-scale 3.5.")
+        _check_int("--max-sequence-length", self.extra.get("max_sequence_length"), 1, None,
+                   "e.g. --max-sequence-length 256")
+
+
+def _check_int(flag: str, value, low: int, high: int | None, hint: str, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    bounds = f">= {low}" if high is None else f"in {low}..{high}"
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{flag} must be a whole number {bounds}, got {value!r}: {hint}.")
+    if value < low or (high is not None and value > high):
+        raise ConfigError(f"{flag} {value} is out of range: it must be {bounds}; {hint}.")
+
+
+def _check_texts(flag: str, texts: list, allow_empty: bool) -> None:
+    if not texts and not allow_empty:
+        raise ConfigError(f"{flag}: no prompt given; pass --prompt TEXT or a --prompt-file with one prompt per line.")
+    for text in texts:
+        if not isinstance(text, str):
+            raise ConfigError(f"{flag} must be text, got {text!r}.")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # undecodable argv bytes arrive as lone surrogates
+            raise ConfigError(f"{flag} {text!r} is not valid UTF-8 text: pass the prompt in UTF-8.") from None
+        if not allow_empty and not text.strip():
+            raise ConfigError(f"{flag} {text!r} is blank: give the text to draw, e.g. {flag} 'a red circle'.")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,28 +34,43 @@ class Engine:
     request: the ranks cooperate on each transformer call.
     """
 
-    def __init__(self, pipe, mesh: ParallelMesh | None = None, vae: VaeDecodeSettings | None = None) -> None:
+    def __init__(self, pipe, mesh: ParallelMesh | None = None, vae: VaeDecodeSettings | None = None, fp8=None) -> None:
         self.pipe = pipe
         self.mesh = mesh
         self.vae = vae or VaeDecodeSettings()
         self.vae.validate()
         self.info = ModelInfo.from_pipeline(pipe)
         self.recipe = self.info.family.recipe_class()(pipe)
-        self._parallel = parallelize(pipe, self.info.family, mesh) if mesh is not None else None
+        if mesh is not None:
+            self.info.check_layout(mesh.config)  # the CLI's ConfigError, before any hook is installed
+        self._parallel = parallelize(pipe, self.info.family, mesh, fp8) if mesh is not None or fp8 else None
 
     @classmethod
-    def from_pretrained(cls, model: str, mesh: ParallelMesh | None = None, torch_dtype=None,
-                        vae: VaeDecodeSettings | None = None) -> "Engine":
+    def from_pretrained(cls, model: str | None = None, mesh: ParallelMesh | None = None, torch_dtype=None,
+                        vae: VaeDecodeSettings | None = None, show_progress: bool = False,
+                        loading=None, fp8=None) -> "Engine":
+        """`model`: a pipeline folder or Hub id; None: meshdit's bundled model (with its own size, steps and
+        guidance as request defaults). Loading progress bars show only with show_progress=True.
+        `loading`: LoadOptions (memory-efficient load, text-encoder placement); `fp8`: Fp8Config."""
         from .pipelines.loading import load_pipeline
 
+        if model is None:
+            from .default_model import weights_path
+
+            model = str(weights_path())
         device = mesh.device if mesh is not None else torch.device("cpu")
-        return cls(load_pipeline(model, device, torch_dtype), mesh, vae)
+        with _progress_bars(show_progress):
+            pipe = load_pipeline(model, device, torch_dtype, mesh, loading)
+        return cls(pipe, mesh, vae, fp8)
+
+    def resolve(self, request: GenerateRequest) -> GenerateRequest:
+        """The request with unset values from this model's defaults (the same ones `meshdit generate` uses)."""
+        return request.with_defaults(self.info.request_defaults())
 
     def check(self, request: GenerateRequest) -> None:
         """Raises ConfigError if this request cannot run on this layout (or at all)."""
         config = self.mesh.config if self.mesh is not None else ParallelConfig()
-        num_images = len(request.prompts) * request.num_images_per_prompt
-        self.info.check(config, *self.recipe.size(request), request.guidance_scale, num_images)
+        self.info.check_request(config, request)
 
     @torch.inference_mode()
     def generate(self, request: GenerateRequest, output_type: str = "np", show_progress: bool = False,
@@ -68,11 +84,12 @@ class Engine:
                       on_step=None) -> list[GenerateResult]:
         """Requests with the same size, steps and guidance run as one batch (split over dp); each request's
         images are its own seed's, as if it ran alone. One result per request."""
+        requests = [self.resolve(r) for r in requests]
         # The data-parallel split needs enough images in the whole batch, not in each request.
         total = sum(len(r.prompts) * r.num_images_per_prompt for r in requests)
         config = self.mesh.config if self.mesh is not None else ParallelConfig()
         for request in requests:
-            self.info.check(config, *self.recipe.size(request), request.guidance_scale, total)
+            self.info.check_request(config, request, num_images=total)
         seconds = {}
         start = time.perf_counter()
         # Noise is drawn on the CPU from the seed, so every rank and every layout starts from the same latents.
@@ -143,3 +160,20 @@ class Engine:
         if self._parallel is not None:
             self._parallel.remove()
             self._parallel = None
+
+
+@contextmanager
+def _progress_bars(show: bool):
+    """diffusers' and transformers' loading progress bars off unless asked for; their state restored after."""
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    was = [not m.is_progress_bar_enabled() for m in (diffusers_logging, transformers_logging)]
+    if not show:
+        diffusers_logging.disable_progress_bar()
+        transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for module, disabled in zip((diffusers_logging, transformers_logging), was):
+            module.disable_progress_bar() if disabled else module.enable_progress_bar()

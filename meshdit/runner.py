@@ -5,17 +5,15 @@ import os
 import time
 from dataclasses import dataclass
 
-import torch
-import torch.distributed as dist
-
 from .config import GenerateRequest, ParallelConfig
-from .distributed.mesh import ParallelMesh, init_distributed
-from .engine import Engine
 from .logs import quiet_libraries
 from .output import save_images
-from .vae import VaeDecodeSettings, peak_memory_report
+from .vae import VaeDecodeSettings
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# NOTE: no torch, diffusers or transformers at module level: a spawned rank imports this module to
+# unpickle its job, and quiet_libraries() must run before those imports to keep their import-time
+# warnings out of non-verbose runs.
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -27,11 +25,20 @@ class GenerateJob:
     dtype: str | None = None  # None: bf16 on GPU, fp32 on CPU
     verbose: bool = False
     vae: VaeDecodeSettings | None = None
+    loading: object = None  # meshdit.loading.LoadOptions; None: the defaults
+    fp8: object = None  # meshdit.quant.settings.Fp8Config, None: no FP8
 
 
 def run_generate(job: GenerateJob) -> None:
     """One rank's work; the launcher tears the process group down afterwards."""
     quiet_libraries(job.verbose)
+    import torch
+    import torch.distributed as dist
+
+    from .distributed.mesh import ParallelMesh, init_distributed
+    from .engine import Engine
+    from .vae import peak_memory_report
+
     device = init_distributed()
     if device.type == "cpu":
         # One thread per rank unless OMP_NUM_THREADS says otherwise: small models run fastest so, and
@@ -40,14 +47,15 @@ def run_generate(job: GenerateJob) -> None:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
     mesh = ParallelMesh.build(job.config, device)
     start = time.perf_counter()
-    engine = Engine.from_pretrained(job.model, mesh, DTYPES.get(job.dtype) if job.dtype else None, job.vae)
+    engine = Engine.from_pretrained(job.model, mesh, getattr(torch, job.dtype) if job.dtype in DTYPES else None,
+                                    job.vae, job.verbose, loading=job.loading, fp8=job.fp8)
     load_s = time.perf_counter() - start
     result = engine.generate(job.request, output_type="np", show_progress=mesh.is_output_rank)
     if mesh.is_output_rank:
         paths = save_images(result.images, job.output)
         s = result.seconds
         height, width = result.images.shape[1:3]
-        print(f"meshdit: {len(paths)} image(s) {width}x{height}, {job.request.num_inference_steps or 'default'} "
+        print(f"meshdit: {len(paths)} image(s) height {height} x width {width}, {job.request.num_inference_steps} "
               f"steps, layout {job.config.describe()} on {dist.get_world_size()} rank(s) ({device.type}): "
               f"{s['total']:.2f} s (prepare {s['prepare']:.2f}, denoise {s['denoise']:.2f}, "
               f"decode {s['decode']:.2f}; model load {load_s:.2f} s)")

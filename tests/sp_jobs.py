@@ -74,3 +74,17 @@ def generate_fresh(name: str, degrees: dict, height: int, width: int, seed: int 
         else:
             other_bytes += nbytes
     return image, block_bytes, other_bytes
+
+
+def engine_refusal(degrees: dict):
+    """Engine(pipe, mesh) on a layout the model cannot take: (error type, message, hooks left on the transformer)."""
+    from meshdit.errors import ConfigError
+
+    pipe = tiny_flux_pipeline(double=1, single=0)  # one block: PipeFusion 2 has no block for its second stage
+    try:
+        Engine(pipe, mesh_for(ParallelConfig(**degrees))).close()
+        error = None
+    except ConfigError as exc:
+        error = (type(exc).__name__, str(exc))
+    hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in pipe.transformer.modules())
+    return error, hooks

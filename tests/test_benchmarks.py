@@ -24,11 +24,19 @@ def test_every_section_and_file(quick_results):
     out, r = quick_results
     assert set(SECTIONS) <= set(r)
     assert (out / "latest.md").read_text().count("## ") >= 6
+    assert "Efficiency = speedup / ceiling" in (out / "latest.md").read_text()
     assert (out / "latest.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert r["overhead"]["max_abs_image_diff"] == 0.0, "meshdit with degrees 1 must draw the diffusers image"
     assert r["overhead"]["ratio"] > 0
     for case in r["scaling"]["cases"]:
         assert {"ulysses2", "ring2"} <= set(case["methods"]), case.get("skipped")
+        # the ceiling is measured for every baseline a method is compared with, and every row has its efficiency
+        assert {e["baseline"] for e in case["methods"].values()} <= set(case["ceiling"])
+        assert all(value > 0 for value in case["ceiling"].values())
+        for name, e in case["methods"].items():
+            for impl in ("meshdit", "diffusers"):
+                if impl in e:
+                    assert e[impl]["efficiency"] == e[impl]["speedup"] / case["ceiling"][e["baseline"]]
         for name in ("ulysses2", "ring2"):
             for impl in ("meshdit", "diffusers"):  # both sides measured, both exact
                 entry = case["methods"][name][impl]

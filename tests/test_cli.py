@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from meshdit.config import ParallelConfig
+from meshdit.cli import build_parser, main, model_and_request
+from meshdit.config import GenerateRequest, ParallelConfig
 from meshdit.errors import ConfigError
 from meshdit.testing.tiny_models import tiny_pipeline
 
@@ -38,6 +39,7 @@ def test_generate_png_with_xdit_aliases(tiny_flux_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert Image.open(out).size == (44, 36)
     assert "layout pp2 x ulysses2 on 4 rank(s)" in proc.stdout
+    assert "1 image(s) height 36 x width 44, 2 steps" in proc.stdout  # as the flags say, not W x H
 
 
 def test_npy_outputs_same_under_torchrun_data_and_ring_parallel_as_serial(tiny_flux_dir, tmp_path):
@@ -107,7 +109,7 @@ def test_rank_failing_mid_generation_ends_every_rank_promptly(tiny_flux_dir, tmp
                              "--ring-degree", "2", "--output", str(tmp_path / "x.png")],
                             env={"MESHDIT_FAIL_AT_STEP": "1:1"})
     assert proc.returncode == 1
-    assert "rank 1 failed first" in proc.stderr and "failure injected at step 1" in proc.stderr
+    assert "rank 1 failed: " in proc.stderr and "failure injected at step 1" in proc.stderr
     assert seconds < 60
     assert not (tmp_path / "x.png").exists()
 
@@ -135,3 +137,75 @@ def test_ctrl_c_stops_every_rank(tiny_flux_dir, tmp_path):
             break
         time.sleep(0.5)
     assert leftover == ""
+
+
+def _generate_parser():
+    return build_parser()._subparsers._group_actions[0].choices["generate"]
+
+
+def test_help_gives_every_flag_a_help_text_with_its_default(capsys):
+    parser = _generate_parser()
+    for action in parser._actions:
+        if action.dest != "help":
+            assert action.help and "default" in action.help, action.option_strings
+    text = " ".join(parser.format_help().split())  # unwrapped
+    for shown in ("--num_inference_steps", "bundled model: 256", "bundled model: 20", "(default: 0)",
+                  "(default: 1;", "28.2 dB", "(default: meshdit.png)"):
+        assert shown in text, shown
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("meshdit 0.1.0")
+
+
+def test_several_prompts_per_flag_and_abbreviations_of_a_flag_and_its_alias():
+    args = build_parser().parse_args(["generate", "--prompt", "a", "b", "--prompt", "c", "--ulysses", "2",
+                                      "--num_inference", "3", "--pipefusion", "2"])
+    assert args.prompt == ["a", "b", "c"]
+    assert (args.ulysses_degree, args.steps, args.pipefusion_parallel_degree) == (2, 3, 2)
+
+
+def _cli_request(argv):
+    return model_and_request(build_parser().parse_args(["generate"] + argv))[2]
+
+
+def test_api_takes_the_same_defaults_as_the_cli(tiny_flux_dir, capfd):
+    from meshdit import Engine
+
+    prompt = ["two green squares on a white background"]
+    bundled = Engine.from_pretrained()  # no model: the bundled one, quietly
+    assert "Loading" not in capfd.readouterr().err  # diffusers' and transformers' loading bars stay off
+    request = bundled.resolve(GenerateRequest(prompt=prompt, seed=0))
+    assert request == _cli_request(["--prompt", prompt[0]])
+    assert (request.height, request.width, request.num_inference_steps, request.guidance_scale,
+            request.extra["max_sequence_length"]) == (256, 256, 20, 3.0, 32)
+    image = bundled.generate(GenerateRequest(prompt=prompt, num_inference_steps=1)).images
+    assert image.shape == (1, 256, 256, 3)  # not diffusers' 1024 x 1024
+    tiny = Engine(tiny_pipeline("flux")).resolve(GenerateRequest(prompt=prompt))
+    assert tiny == _cli_request(["--model", tiny_flux_dir, "--prompt", prompt[0]])
+    assert (tiny.num_inference_steps, tiny.guidance_scale, tiny.extra["max_sequence_length"]) == (28, 3.5, 512)
+
+
+def test_registry_defaults_equal_the_recipes_and_diffusers():
+    import inspect
+
+    import diffusers
+
+    from meshdit.models.registry import FAMILIES
+
+    for family in FAMILIES:
+        recipe = family.recipe_class()
+        assert (family.default_steps, family.default_guidance) == (recipe.default_steps, recipe.default_guidance)
+        for pipeline_class in family.pipeline_classes:
+            call = inspect.signature(getattr(diffusers, pipeline_class).__call__).parameters
+            assert family.max_sequence_length_for(pipeline_class) == call["max_sequence_length"].default
+
+
+def test_unreachable_hub_fails_within_seconds(tmp_path):
+    env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper() and k != "HF_HUB_OFFLINE"}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT="http://huggingface.invalid")
+    start = time.monotonic()
+    proc = subprocess.run(CLI + ["--model", "someone/not-cached", "--output", str(tmp_path / "x.png")],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "huggingface.invalid cannot be reached" in proc.stderr and "HF_HUB_OFFLINE=1" in proc.stderr
+    assert time.monotonic() - start < 10  # was 23 s of retries

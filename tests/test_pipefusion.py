@@ -123,3 +123,11 @@ def test_pipefusion_with_ulysses_and_ring_full_warmup_equals_serial(run_ranks):
                   warmup_steps=STEPS)
     for rank, (image, _, _) in enumerate(results):
         assert np.abs(image - ref).max() <= 1e-5 * np.abs(ref).max(), f"rank {rank}"
+
+
+def test_python_api_refuses_a_layout_the_model_cannot_take_before_installing_hooks(run_ranks):
+    """Engine(pipe, mesh) raises the CLI's ConfigError (not a bare ValueError) and leaves no hook behind."""
+    for error, hooks in run_ranks(2, sp_jobs.engine_refusal, dict(pipefusion_parallel_degree=2)):
+        assert error is not None and error[0] == "ConfigError"
+        assert "--pipefusion-parallel-degree <= 1" in error[1]
+        assert hooks == 0

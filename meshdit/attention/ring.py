@@ -15,16 +15,19 @@ def ring_attention(
     group: dist.ProcessGroup,
     kv_lens: list[int],
     scale: float | None = None,
+    codec=None,
+    attention=attention_with_lse,
 ) -> torch.Tensor:
     """Exact attention of local queries over the K/V of every rank in the ring.
 
     q: [B, H, Sq, D]; k, v: [B, H, kv_lens[me], D] (the lengths may differ per rank).
     Returns [B, H, Sq, D]. The next block is in flight while the current one computes.
+    `codec` encodes the K/V blocks on the wire; `attention(q, k, v, scale) -> (out, lse)` is the kernel.
     NOTE: every rank of `group` must call this with the same kv_lens.
     """
     world = len(kv_lens)
     me = dist.get_rank(group)
-    exchange = RingExchange(group) if world > 1 else None
+    exchange = RingExchange(group, codec) if world > 1 else None
     block = torch.stack([k, v])  # [2, B, H, S_kv, D]: one message per hop
     out = lse = None
     for step in range(world):
@@ -33,7 +36,7 @@ def ring_attention(
             incoming = (me - step - 1) % world
             shape = (*block.shape[:3], kv_lens[incoming], block.shape[-1])
             exchange.start(block, shape)
-        block_out, block_lse = attention_with_lse(q, block[0], block[1], scale)
+        block_out, block_lse = attention(q, block[0], block[1], scale)
         out, lse = merge_attention(out, lse, block_out, block_lse)
         assert block.shape[-2] == kv_lens[source]
         if step < world - 1:

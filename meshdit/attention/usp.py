@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .kernels import attention_with_lse
 from .ring import ring_attention
 from .ulysses import heads_to_seq, seq_to_heads
 
@@ -30,6 +31,20 @@ class SequenceGroups:
         return self.ulysses_size * self.ring_size
 
 
+@dataclass(frozen=True)
+class WireCodecs:
+    """Codecs for what sequence parallelism sends (None: exact, in the working dtype)."""
+
+    q: object = None  # Ulysses all-to-alls, [B, H, S, D]
+    k: object = None
+    v: object = None
+    out: object = None
+    ring: object = None  # ring K/V blocks, [2, B, H, S, D]
+
+
+EXACT = WireCodecs()
+
+
 def usp_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -38,11 +53,14 @@ def usp_attention(
     seq_lens: list[int],
     scale: float | None,
     local_attention,
+    lse_attention=attention_with_lse,
+    codecs: WireCodecs = EXACT,
 ) -> torch.Tensor:
     """Exact attention over the full sequence from local shards.
 
     q, k, v: [B, H, seq_lens[sp_rank], D]; seq_lens holds every SP rank's length.
-    `local_attention(q, k, v, scale)` is the plain kernel used when no ring is involved.
+    `local_attention(q, k, v, scale)` is the plain kernel used when no ring is involved,
+    `lse_attention` the one that also returns the LSE (ring); `codecs` encode the wire.
     NOTE: every SP rank must call this for the same layer with the same seq_lens.
     """
     u, r = groups.ulysses_size, groups.ring_size
@@ -52,12 +70,13 @@ def usp_attention(
     run_lens = [sum(seq_lens[g * u:(g + 1) * u]) for g in range(r)]
     member_lens = seq_lens[ring_me * u:(ring_me + 1) * u]
     if u > 1:
-        q, k, v = (seq_to_heads(t, groups.ulysses_group, member_lens) for t in (q, k, v))
+        q, k, v = (seq_to_heads(t, groups.ulysses_group, member_lens, c)
+                   for t, c in ((q, codecs.q), (k, codecs.k), (v, codecs.v)))
     # q, k, v: [B, H/U, run_lens[ring_me], D]
     if r > 1:
-        out = ring_attention(q, k, v, groups.ring_group, run_lens, scale)
+        out = ring_attention(q, k, v, groups.ring_group, run_lens, scale, codecs.ring, lse_attention)
     else:
         out = local_attention(q, k, v, scale)
     if u > 1:
-        out = heads_to_seq(out, groups.ulysses_group, member_lens, num_heads)
+        out = heads_to_seq(out, groups.ulysses_group, member_lens, num_heads, codecs.out)
     return out  # [B, H, seq_lens[sp_rank], D]

@@ -1,21 +1,37 @@
 """Starting ranks: spawn them on this machine, or join a world torchrun already made.
 
-Whatever happens on one rank ends all of them promptly: a rank that raises, a
-rank that dies, or Ctrl-C. The error names the rank.
+Whatever happens on one rank ends all of them promptly: a rank that raises, a rank
+that dies, a rank that freezes (heartbeats, watch.py), Ctrl-C or SIGTERM to the
+launcher. The error names the first failing rank, with its traceback once, and
+one line for each other rank. Nothing is left behind: no temp folders, no error
+files, no processes (a rank whose launcher is killed exits on its own).
+
+Ranks report over one pipe each (no multiprocessing queues or locks, whose
+semaphores a killed rank would leak). This module imports no torch: a rank starts
+its heartbeat before it unpickles the job, which imports torch and the model code.
 """
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.connection
 import os
-import shutil
+import pickle
+import signal
 import sys
-import tempfile
+import threading
 import time
 import traceback
+from contextlib import contextmanager
 from typing import Any, Callable
 
-import torch.multiprocessing as mp
-
 from ..errors import ConfigError, RankFailedError
+from .ports import free_port
+from .watch import HeartbeatWatch, RankLink, heartbeat_timeout
+
+# After the first failure, how long the other ranks get to report their own state
+# (they usually fail within a second, once the failed rank has left their collectives).
+_GRACE_AFTER_FAILURE_S = 2.0
+_STOP_GRACE_S = 3.0
 
 
 def under_torchrun() -> bool:
@@ -27,8 +43,9 @@ def launch(entry: Callable[[Any], None], payload: Any, world_size: int) -> None:
     """Runs entry(payload) on `world_size` ranks and returns when every rank has finished.
 
     Under torchrun this process is one of the ranks, and the world must already
-    have `world_size` ranks. Otherwise ranks are spawned here (one process
-    in-place when world_size is 1).
+    have `world_size` ranks (its MASTER_ADDR/MASTER_PORT are used). Otherwise ranks are
+    spawned here on a free loopback port (one process in-place when world_size is 1).
+    Raises RankFailedError naming the first failing rank; KeyboardInterrupt on Ctrl-C or SIGTERM.
     """
     if under_torchrun():
         have = int(os.environ["WORLD_SIZE"])
@@ -36,92 +53,228 @@ def launch(entry: Callable[[Any], None], payload: Any, world_size: int) -> None:
             raise ConfigError(
                 f"torchrun started {have} ranks but the degrees multiply to {world_size}: change "
                 f"--nproc-per-node/--nnodes so that they give {world_size} ranks, or change the degrees.")
-        _run_rank(entry, payload)
+        _run_in_process(entry, payload)
         return
-    if world_size == 1:
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-        _run_rank(entry, payload)
+    with _sigterm_as_interrupt():
+        if world_size == 1:
+            world = dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+            saved = {k: os.environ.get(k) for k in world}
+            os.environ.update(world)
+            try:
+                _run_in_process(entry, payload)
+            finally:  # else a later launch in this process would take itself for a torchrun rank
+                for key, value in saved.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
+        else:
+            _spawn_and_watch(entry, payload, world_size)
+
+
+@contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM to the launcher stops and cleans up like Ctrl-C (KeyboardInterrupt; exit 130)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = os.environ.get("MASTER_PORT") or str(_free_port())
-    failures = tempfile.mkdtemp(prefix="meshdit-failures-")
-    context = mp.start_processes(_rank_main, args=(world_size, entry, payload, failures), nprocs=world_size,
-                                 join=False, start_method="spawn")
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        while not context.join(timeout=0.5):
-            pass
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-        raise RankFailedError(_first_failure(failures, exc)) from None
-    except KeyboardInterrupt:
-        _stop(context)
-        raise
+        yield
     finally:
-        shutil.rmtree(failures, ignore_errors=True)
+        signal.signal(signal.SIGTERM, previous)
 
 
-def _stop(context) -> None:
-    """Ends every rank process: politely first, then for good."""
-    for proc in context.processes:
-        if proc.is_alive():
-            proc.terminate()
-    for proc in context.processes:
-        proc.join(timeout=5)
-        if proc.is_alive():
-            proc.kill()
+def _summary(exc: BaseException) -> str:
+    """'ConfigError: first line of the message'."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
-def _run_rank(entry: Callable[[Any], None], payload: Any, failures: str | None = None) -> None:
-    """entry(payload) on this rank; a failure is recorded (time-stamped, before teardown) and re-raised."""
+def _traceback(exc: BaseException) -> str:
+    """This exception's own traceback: one, even when it was raised from another (its message says why)."""
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, chain=False)).rstrip()
+
+
+def _run_in_process(entry: Callable[[Any], None], payload: Any) -> None:
+    """entry(payload) as this process's rank: a failure becomes one RankFailedError, printed once."""
     from .mesh import teardown_distributed
 
     rank = os.environ.get("RANK", "0")
     try:
         entry(payload)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit, RankFailedError):
         raise
-    except BaseException:
-        failed_at = time.time()
-        text = traceback.format_exc()
-        sys.stderr.write(f"[rank {rank}] {text}")
-        sys.stderr.flush()
-        if failures:
-            with open(os.path.join(failures, f"rank{rank}"), "w") as f:
-                f.write(f"{failed_at!r}\n{text}")
-        raise
+    except BaseException as exc:  # noqa: BLE001 - reported once, wrapped, by the cli
+        raise RankFailedError(f"rank {rank} failed: {_summary(exc)}\n{_traceback(exc)}") from None
     finally:
         teardown_distributed()
         sys.stdout.flush()
         sys.stderr.flush()
 
 
-def _rank_main(rank: int, world_size: int, entry: Callable[[Any], None], payload: Any, failures: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+def _spawn_and_watch(entry: Callable[[Any], None], payload: Any, world_size: int) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    job = pickle.dumps((entry, payload))
+    port = free_port()  # ours alone: an exported MASTER_PORT would let two runs join each other's world
+    timeout = heartbeat_timeout()
+    procs, conns = [], []
     try:
-        _run_rank(entry, payload, failures)
+        for rank in range(world_size):
+            parent, child = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_rank_main, args=(rank, world_size, port, child, job, timeout),
+                               name=f"meshdit-rank{rank}", daemon=True)
+            proc.start()
+            child.close()
+            procs.append(proc)
+            conns.append(parent)
+        _watch(procs, conns, timeout)
+    finally:
+        _stop(procs)
+        for conn in conns:
+            conn.close()
+
+
+def _watch(procs: list, conns: list, timeout: float) -> None:
+    """Returns when every rank has finished; raises RankFailedError on the first failure or freeze."""
+    world = len(procs)
+    watch = HeartbeatWatch(world, timeout)
+    done: set[int] = set()
+    failed: dict[int, tuple[float, str, str]] = {}   # rank -> (time, one line, traceback)
+    open_conns = dict(enumerate(conns))
+    first_failure_at = None
+    while True:
+        ready = multiprocessing.connection.wait(list(open_conns.values()), timeout=0.2)
+        for rank, conn in list(open_conns.items()):
+            if conn not in ready:
+                continue
+            try:
+                while conn.poll():
+                    message = conn.recv()
+                    watch.beat(rank, joined=message[0] == "joined")
+                    if message[0] == "done":
+                        done.add(rank)
+                    elif message[0] == "error":
+                        failed[rank] = message[1:]
+            except (EOFError, OSError):
+                del open_conns[rank]
+        for rank, proc in enumerate(procs):  # died without a word: killed, or crashed in C++
+            if proc.exitcode not in (None, 0) and rank not in failed and rank not in open_conns:
+                failed[rank] = (time.time(), f"died ({_exit_text(proc.exitcode)})", "")
+        if len(done) == world and all(p.exitcode is not None or not p.is_alive() for p in procs):
+            return
+        if failed and first_failure_at is None:
+            first_failure_at = time.monotonic()
+        if first_failure_at is not None:
+            settled = all(r in failed or r in done for r in range(world))
+            if settled or time.monotonic() - first_failure_at > _GRACE_AFTER_FAILURE_S:
+                raise RankFailedError(_failure_report(failed, done, world))
+            continue
+        frozen = watch.silent(r for r in range(world) if r not in done)
+        if frozen:
+            rank, silent_s = frozen[0]
+            names = ", ".join(f"rank {r}" for r, _ in frozen)
+            raise RankFailedError(
+                f"rank {rank} stopped responding: no heartbeat for {silent_s:.0f} s (frozen, stopped with SIGSTOP, "
+                f"or starved of CPU; limit MESHDIT_HEARTBEAT_TIMEOUT={timeout:g} s). Silent: {names}; "
+                "every rank was stopped.")
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _failure_report(failed: dict, done: set, world: int) -> str:
+    """The first failure with its traceback; one line for every other rank."""
+    first = min(failed, key=lambda r: failed[r][0])
+    _, line, text = failed[first]
+    report = [f"rank {first} failed: {line}"]
+    if text:
+        report.append(text.rstrip())
+    others = []
+    for rank in range(world):
+        if rank == first:
+            continue
+        if rank in failed:
+            line = failed[rank][1]
+            others.append(f"rank {rank} failed after it: {line if len(line) <= 110 else line[:107] + '...'}")
+        elif rank in done:
+            others.append(f"rank {rank} had finished")
+        else:
+            others.append(f"rank {rank} was stopped")
+    if others:
+        report.append("other ranks: " + "; ".join(others))
+    return "\n".join(report)
+
+
+def _stop(procs: list) -> None:
+    """Ends every rank still running: SIGTERM (and SIGCONT, for a stopped one), then SIGKILL."""
+    alive = [p for p in procs if p.is_alive()]
+    for proc in alive:
+        try:
+            proc.terminate()
+            os.kill(proc.pid, signal.SIGCONT)
+        except (ProcessLookupError, OSError):
+            pass
+    deadline = time.monotonic() + _STOP_GRACE_S
+    for proc in alive:
+        proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
+
+
+def _rank_main(rank: int, world_size: int, port: int, conn, job: bytes, timeout: float) -> None:
+    """A spawned rank: heartbeat first, then the job; reports 'done' or its error to the launcher."""
+    link = RankLink(conn, timeout)
+    link.start_heartbeat()
+
+    def interrupt(signum, frame):  # the launcher's SIGTERM: unwind (temp files removed), then exit
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    code = 0
+    try:
+        _thread_lock_for_tqdm()
+        entry, payload = pickle.loads(job)
+        entry(payload)
     except KeyboardInterrupt:
-        os._exit(130)
+        code = 130
+    except BaseException as exc:  # noqa: BLE001 - reported to the launcher, which prints it once
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # being stopped now needs no unwinding
+        # Stamped before teardown: leaving the world is what makes the other ranks fail after it.
+        link.send(("error", time.time(), _summary(exc), _traceback(exc)))
+        code = 1
+    else:
+        link.send(("done",))
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        link.stop_heartbeat()
+        if "torch.distributed" in sys.modules:
+            from .mesh import teardown_distributed
+
+            teardown_distributed()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)  # gloo may abort in interpreter teardown; everything is flushed
 
 
-def _first_failure(failures: str, exc: Exception) -> str:
-    """Names the rank that failed first: the others usually fail because it left their collectives."""
-    time.sleep(0.5)  # let ranks that fail in consequence write their records
-    records = []
-    for name in os.listdir(failures):
-        with open(os.path.join(failures, name)) as f:
-            stamp, _, text = f.read().partition("\n")
-        records.append((float(stamp), int(name[4:]), text))
-    if not records:
-        return f"rank {getattr(exc, 'error_index', '?')} died ({exc}); the other ranks were stopped"
-    records.sort()
-    _, rank, text = records[0]
-    others = sorted(r for _, r, _ in records[1:])
-    also = f" (ranks {others} failed after it)" if others else ""
-    return f"rank {rank} failed first{also}; the other ranks were stopped:\n{text.rstrip()}"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _thread_lock_for_tqdm() -> None:
+    """tqdm's default lock includes a multiprocessing lock: a semaphore that a killed rank leaks
+    ("leaked semaphore objects" warning). Ranks draw bars from one thread: a thread lock suffices."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    tqdm.set_lock(threading.RLock())

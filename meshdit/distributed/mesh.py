@@ -10,6 +10,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..config import MESH_AXES, ParallelConfig
+from .ports import free_port
+from .watch import joined_world
 
 # Long enough for a slow first step on a loaded CPU, short enough that a lost
 # peer turns into an error rather than an endless wait.
@@ -36,20 +38,13 @@ def init_distributed(device: torch.device | None = None) -> torch.device:
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend=backend, timeout=DEFAULT_TIMEOUT)
+    joined_world()  # the launcher's heartbeat watch: start-up is over
     return device
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def teardown_distributed() -> None:

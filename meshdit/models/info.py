@@ -5,7 +5,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from ..config import ParallelConfig
+from ..config import GenerateRequest, ParallelConfig, RequestDefaults
 from ..errors import ConfigError
 from .registry import ModelFamily, family_for_pipeline
 
@@ -31,24 +31,58 @@ class ModelInfo:
     @classmethod
     def from_pipeline(cls, pipe) -> "ModelInfo":
         pipeline_class = type(pipe).__name__
-        return cls("<in memory>", pipeline_class, family_for_pipeline(pipeline_class),
+        source = getattr(pipe, "name_or_path", None) or "<in memory>"  # the folder it was loaded from, if any
+        return cls(source, pipeline_class, family_for_pipeline(pipeline_class),
                    dict(pipe.transformer.config), int(pipe.vae_scale_factor))
 
     @classmethod
     def from_pretrained(cls, model: str) -> "ModelInfo":
         """Reads model_index.json, transformer/ and vae/ configs from a folder or the Hub cache."""
         index = _read_json(model, "model_index.json")
-        pipeline_class = index.get("_class_name", "?")
+        pipeline_class = index.get("_class_name")
+        if not isinstance(pipeline_class, str):
+            raise ConfigError(f"{model}: model_index.json names no pipeline (its \"_class_name\" is missing): "
+                              "pass a folder written by save_pretrained, or restore the file from the model's source.")
         transformer = _read_json(model, "transformer/config.json")
         vae = _read_json(model, "vae/config.json")
         vae_scale = 2 ** (len(vae.get("block_out_channels", [0] * 4)) - 1)
         return cls(model, pipeline_class, family_for_pipeline(pipeline_class), transformer, vae_scale)
 
+    @property
+    def is_bundled_model(self) -> bool:
+        from ..default_model import weights_path
+
+        return os.path.isdir(self.source) and os.path.samefile(self.source, weights_path())
+
+    def request_defaults(self) -> RequestDefaults:
+        """What an unset request value becomes: the bundled model's own settings for it, else the family's."""
+        if self.is_bundled_model:
+            from .. import default_model as bundled
+
+            return RequestDefaults(bundled.DEFAULT_HEIGHT, bundled.DEFAULT_WIDTH, bundled.DEFAULT_STEPS,
+                                   bundled.DEFAULT_GUIDANCE, bundled.DEFAULT_MAX_SEQUENCE_LENGTH)
+        family = self.family
+        return RequestDefaults(self.default_size, self.default_size, family.default_steps, family.default_guidance,
+                               family.max_sequence_length_for(self.pipeline_class))
+
+    def check_request(self, config: ParallelConfig, request: GenerateRequest, num_images: int | None = None) -> None:
+        """Everything about a request that can be checked before weights load; unset values take the defaults.
+        num_images: images of the whole batch the request runs in (default: the request's own)."""
+        request = request.with_defaults(self.request_defaults())
+        request.validate()
+        limit = self.family.max_sequence_length_limit
+        tokens = request.extra["max_sequence_length"]
+        if limit is not None and tokens > limit:
+            raise ConfigError(f"--max-sequence-length {tokens} exceeds what this {self.pipeline_class}'s text encoder "
+                              f"takes ({limit} tokens): use --max-sequence-length <= {limit}.")
+        self.check(config, request.height, request.width, request.guidance_scale,
+                   num_images or len(request.prompts) * request.num_images_per_prompt)
+
     def runs_cfg(self, guidance_scale: float | None) -> bool:
         """Whether a generation runs two guidance branches (cond and uncond) per step."""
         if self.family.guidance_distilled(self.transformer_config):
             return False
-        scale = self.family.recipe_class().default_guidance if guidance_scale is None else guidance_scale
+        scale = self.request_defaults().guidance_scale if guidance_scale is None else guidance_scale
         return scale > 1
 
     def check(self, config: ParallelConfig, height: int, width: int, guidance_scale: float | None = None,
@@ -68,10 +102,7 @@ class ModelInfo:
                 f"data-parallel degree {config.data_parallel_degree} needs at least as many images, but the request "
                 f"makes {num_images}: add prompts (--prompt again, or --prompt-file), raise "
                 f"--num-images-per-prompt, or use --data-parallel-degree <= {num_images}.")
-        if config.ulysses_degree > self.num_heads:
-            raise ConfigError(
-                f"ulysses degree {config.ulysses_degree} exceeds the model's {self.num_heads} attention heads: "
-                f"use --ulysses-degree <= {self.num_heads} and put the rest into --ring-degree.")
+        self.check_layout(config)
         multiple = self.family.pixel_multiple(self.transformer_config, self.vae_scale_factor)
         for name, value in (("height", height), ("width", width)):
             if value <= 0 or value % multiple:
@@ -92,14 +123,21 @@ class ModelInfo:
                 f"{height}x{width} exceeds this model's positional embedding ({max_patches} patches per side): "
                 f"use height and width <= {max_patches * multiple}.")
 
-    def _check_pipefusion(self, config: ParallelConfig, token_rows: int, token_cols: int) -> None:
-        stages = config.pipefusion_parallel_degree
-        if stages == 1:
-            return
+    def check_layout(self, config: ParallelConfig) -> None:
+        """The checks that need the layout and the model alone (no request): the Python API runs them
+        before installing any hook, the CLI before starting ranks."""
+        if config.ulysses_degree > self.num_heads:
+            raise ConfigError(
+                f"ulysses degree {config.ulysses_degree} exceeds the model's {self.num_heads} attention heads: "
+                f"use --ulysses-degree <= {self.num_heads} and put the rest into --ring-degree.")
         blocks = self.family.num_blocks(self.transformer_config)
-        if stages > blocks:
-            raise ConfigError(f"PipeFusion degree {stages} needs a block per stage, but the model has {blocks} blocks: "
-                              f"use --pipefusion-parallel-degree <= {blocks}.")
+        if config.pipefusion_parallel_degree > blocks:
+            raise ConfigError(f"PipeFusion degree {config.pipefusion_parallel_degree} needs a block per stage, but "
+                              f"the model has {blocks} blocks: use --pipefusion-parallel-degree <= {blocks}.")
+
+    def _check_pipefusion(self, config: ParallelConfig, token_rows: int, token_cols: int) -> None:
+        if config.pipefusion_parallel_degree == 1:
+            return
         if config.patches > token_rows:
             raise ConfigError(
                 f"--num-pipeline-patch {config.patches} exceeds the {token_rows} rows of image tokens at this height: "
@@ -116,15 +154,46 @@ def _read_json(model: str, name: str) -> dict:
         if not os.path.exists(path):
             raise ConfigError(f"{model} is not a diffusers pipeline folder: {name} is missing. Pass a folder "
                               "written by save_pretrained, or a Hugging Face Hub id.")
+    elif _looks_like_path(model):
+        raise ConfigError(f"model {model!r} was not found: there is no such folder. Pass a folder saved with "
+                          "save_pretrained, or a Hugging Face Hub id (owner/name).")
     else:
-        try:
-            from huggingface_hub import hf_hub_download
+        path = _hub_file(model, name)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise ConfigError(f"{path} is not valid JSON ({exc}): restore it from the model's source, or pass another "
+                          "--model.") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} holds a JSON {type(data).__name__}, not the object diffusers writes: restore it "
+                          "from the model's source, or pass another --model.")
+    return data
 
-            path = hf_hub_download(model, name)
-        except Exception as exc:  # noqa: BLE001 - any failure means: not reachable
-            raise ConfigError(
-                f"model {model!r} was not found: it is not a local folder, and {name} could not be read from the "
-                f"Hugging Face Hub or its local cache ({type(exc).__name__}). Pass a folder saved with "
-                "save_pretrained, or download the model first (e.g. `hf download MODEL`).") from None
-    with open(path) as f:
-        return json.load(f)
+
+def _looks_like_path(model: str) -> bool:
+    """Hub ids are `name` or `owner/name`; anything else is meant as a folder."""
+    return os.path.isabs(model) or model.startswith((".", "~")) or model.count("/") > 1
+
+
+def _hub_file(model: str, name: str) -> str:
+    """The file from the Hub's local cache, or downloaded; fails within seconds when the Hub is unreachable."""
+    try:
+        from huggingface_hub import hf_hub_download, try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model, name)
+    except Exception:  # noqa: BLE001 - e.g. an id the Hub would refuse; hf_hub_download says why below
+        cached = None
+    if isinstance(cached, str):
+        return cached
+    if not os.environ.get("HF_HUB_OFFLINE"):
+        from ..preflight import check_hub_reachable
+
+        check_hub_reachable(model)
+    try:
+        return hf_hub_download(model, name)
+    except Exception as exc:  # noqa: BLE001 - any failure means: not reachable
+        raise ConfigError(
+            f"model {model!r} was not found: it is not a local folder, and {name} could not be read from the "
+            f"Hugging Face Hub or its local cache ({type(exc).__name__}). Pass a folder saved with "
+            "save_pretrained, or download the model first (e.g. `hf download MODEL`).") from None

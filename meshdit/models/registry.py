@@ -16,8 +16,19 @@ class ModelFamily:
     recipe: str  # "module:Class"
     packed: bool
     """Latents are packed 2x2 into tokens (Flux) instead of patchified by the model."""
+    default_steps: int = 28
+    """Request defaults as plain data (equal to the recipes' and diffusers' own; tested), so the CLI and the
+    Python API fill unset values alike without importing torch."""
+    default_guidance: float = 7.0
+    default_max_sequence_length: int = 512
+    max_sequence_length_limit: int | None = None
+    """The text encoder's cap on --max-sequence-length (T5 in FLUX.1 and SD3: 512); None: no fixed cap."""
     default_sample_size: int | None = None
     """Latent size the pipeline defaults to; None: the transformer config's sample_size."""
+
+    def max_sequence_length_for(self, pipeline_class: str) -> int:
+        # PixArt-alpha's pipeline defaults to 120 tokens, PixArt-Sigma's to 300.
+        return 120 if pipeline_class == "PixArtAlphaPipeline" else self.default_max_sequence_length
 
     def plan(self):
         return importlib.import_module(self.plan_module).PLAN
@@ -49,13 +60,17 @@ class ModelFamily:
 
 FAMILIES = (
     ModelFamily("flux", "FluxTransformer2DModel", ("FluxPipeline",), "meshdit.models.flux",
-                "meshdit.pipelines.flux:FluxRecipe", packed=True, default_sample_size=128),
+                "meshdit.pipelines.flux:FluxRecipe", packed=True, default_steps=28, default_guidance=3.5,
+                default_max_sequence_length=512, max_sequence_length_limit=512, default_sample_size=128),
     ModelFamily("flux2", "Flux2Transformer2DModel", ("Flux2Pipeline",), "meshdit.models.flux2",
-                "meshdit.pipelines.flux2:Flux2Recipe", packed=True, default_sample_size=128),
+                "meshdit.pipelines.flux2:Flux2Recipe", packed=True, default_steps=50, default_guidance=4.0,
+                default_max_sequence_length=512, default_sample_size=128),
     ModelFamily("sd3", "SD3Transformer2DModel", ("StableDiffusion3Pipeline",), "meshdit.models.sd3",
-                "meshdit.pipelines.sd3:SD3Recipe", packed=False),
+                "meshdit.pipelines.sd3:SD3Recipe", packed=False, default_steps=28, default_guidance=7.0,
+                default_max_sequence_length=256, max_sequence_length_limit=512),
     ModelFamily("pixart", "PixArtTransformer2DModel", ("PixArtSigmaPipeline", "PixArtAlphaPipeline"),
-                "meshdit.models.pixart", "meshdit.pipelines.pixart:PixArtRecipe", packed=False),
+                "meshdit.models.pixart", "meshdit.pipelines.pixart:PixArtRecipe", packed=False, default_steps=20,
+                default_guidance=4.5, default_max_sequence_length=300),
 )
 
 
@@ -67,7 +82,9 @@ def family_for_pipeline(pipeline_class: str) -> ModelFamily:
     raise ConfigError(f"meshdit does not support the pipeline {pipeline_class!r} yet; supported: {supported}.")
 
 
+
 def family_for_transformer(transformer_class: str) -> ModelFamily:
+    """The family whose plan covers this transformer (the loader cuts PipeFusion stages before any pipeline exists)."""
     for family in FAMILIES:
         if family.transformer_class == transformer_class:
             return family

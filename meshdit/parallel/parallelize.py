@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from ..distributed.mesh import ParallelMesh
 from ..models.registry import ModelFamily
 from .pipefusion import PipeFusion
-from .sequence import apply_sequence_parallel
+from .sequence import apply_attention_backend, apply_sequence_parallel
 
 
 @dataclass
@@ -23,21 +23,33 @@ class Parallelized:
         self.handles = []
 
 
-def parallelize(pipe, family: ModelFamily, mesh: ParallelMesh) -> Parallelized:
-    """Applies every strategy the mesh asks for to `pipe`.
+def parallelize(pipe, family: ModelFamily, mesh: ParallelMesh | None, fp8=None) -> Parallelized:
+    """Applies every strategy the mesh asks for, and the FP8 options of `fp8` (an Fp8Config), to `pipe`.
 
     Combinations that cannot run exactly were refused by validation before any
     rank started, so this only applies. CFG and data parallelism need no hooks:
-    the denoising loop and the engine split their work.
+    the denoising loop and the engine split their work. With fp8 None or all
+    off, nothing FP8 is installed: the computation is the exact one.
     """
+    from ..quant import runtime
+
     done = Parallelized()
-    config = mesh.config
-    if config.sp_degree > 1 or config.pipefusion_parallel_degree > 1:
+    config = mesh.config if mesh is not None else None
+    device = mesh.device if mesh is not None else pipe.transformer.device
+    backend = runtime.attention_backend(fp8, device)
+    if backend is not None:  # attention no sequence-parallel hook routes (serial, cross-attention)
+        done.handles += apply_attention_backend(pipe.transformer, backend)
+    if config is not None and (config.sp_degree > 1 or config.pipefusion_parallel_degree > 1):
         # PipeFusion reuses the sequence hooks to cut the image stream into patches
         states: list = []
-        done.handles += apply_sequence_parallel(pipe.transformer, family.plan(), mesh, states)
+        done.handles += apply_sequence_parallel(pipe.transformer, family.plan(), mesh, states, backend,
+                                                runtime.wire_codecs(fp8, device))
         done.sequence_state = states[0]
-    if config.pipefusion_parallel_degree > 1:
-        done.pipefusion = PipeFusion(pipe.transformer, family.pipeline_plan(), mesh, done.sequence_state)
+    if config is not None and config.pipefusion_parallel_degree > 1:
+        done.pipefusion = PipeFusion(pipe.transformer, family.pipeline_plan(), mesh, done.sequence_state,
+                                     runtime.pipe_codec_for(fp8, device))
         done.handles += done.pipefusion.handles
+    if fp8 is not None and fp8.gemm:
+        # after PipeFusion's split: stages balance as without FP8, and only this stage's blocks are quantized
+        runtime.quantize_transformer(pipe.transformer, [spec.path for spec in family.pipeline_plan().blocks])
     return done

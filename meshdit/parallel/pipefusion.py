@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..attention.ulysses import heads_to_seq, seq_to_heads
-from ..distributed.comm import all_gather_uneven, comm_stats
+from ..distributed.comm import all_gather_uneven, isend_tensor, recv_tensor
 from ..distributed.mesh import ParallelMesh
 from .plan import BlockList, PipelinePlan
 
@@ -51,9 +51,8 @@ class StaleKV:
 
     def attention(self, active, q, k, v, scale):
         """q, k, v: [B, H, S_local, D] for this rank's tokens of the patch -> [B, H, S_local, D]."""
-        from .sequence import _ORIGINAL_SDPA
-
         state = self.state
+        codecs = state.codecs
         streams = active.streams
         lens = {s: state.lens(s) for s in streams}  # per SP rank
         per_rank = [sum(lens[s][r] for s in streams) for r in range(state.sp_size)]
@@ -64,7 +63,7 @@ class StaleKV:
         ring_me = dist.get_rank(groups.ring_group) if groups.ring_size > 1 else 0
         members = per_rank[ring_me * u:(ring_me + 1) * u]  # SP ranks of my Ulysses group
         if ulysses is not None:  # my group's tokens for a head shard
-            q, k, v = (seq_to_heads(t, ulysses, members) for t in (q, k, v))
+            q, k, v = (seq_to_heads(t, ulysses, members, c) for t, c in ((q, codecs.q), (k, codecs.k), (v, codecs.v)))
         if groups.ring_size > 1:
             # Every SP rank keeps the whole stale K/V: the ring ranks share the patch's fresh
             # K/V (in SP rank order, as _by_stream expects); queries stay local.
@@ -82,9 +81,9 @@ class StaleKV:
             buf_v.narrow(2, start, fresh_v.shape[2]).copy_(fresh_v)
             keys.append(buf_k)
             values.append(buf_v)
-        out = _ORIGINAL_SDPA(q, torch.cat(keys, dim=2), torch.cat(values, dim=2), scale=scale)
+        out = state.local_attention(q, torch.cat(keys, dim=2), torch.cat(values, dim=2), scale)
         if ulysses is not None:
-            out = heads_to_seq(out, ulysses, members, num_heads)
+            out = heads_to_seq(out, ulysses, members, num_heads, codecs.out)
         return out
 
 
@@ -104,8 +103,10 @@ def _by_stream(k, v, streams, lens):
 class PipeFusion:
     """This rank's stage of the transformer, and the p2p traffic between stages."""
 
-    def __init__(self, transformer: nn.Module, plan: PipelinePlan, mesh: ParallelMesh, seq_state) -> None:
+    def __init__(self, transformer: nn.Module, plan: PipelinePlan, mesh: ParallelMesh, seq_state,
+                 codec_for=None) -> None:
         self.group = mesh.group("pp")
+        self.codec_for = codec_for or (lambda tensor: None)  # tensor -> its wire codec (None: exact)
         self.stage = mesh.local_rank("pp")
         self.num_stages = mesh.size("pp")
         self.ranks = dist.get_process_group_ranks(self.group)  # global rank of each stage
@@ -143,7 +144,7 @@ class PipeFusion:
             named = _named(module, args, kwargs)
             for name in spec.carry:
                 mine = named[name]
-                named[name] = self.recv(torch.empty(mine.shape, dtype=mine.dtype, device=mine.device), self.stage - 1)
+                named[name] = self.recv(mine, self.stage - 1)
             return (), named
         return hook
 
@@ -155,14 +156,36 @@ class PipeFusion:
         return hook
 
     def send(self, tensor: torch.Tensor, stage: int) -> None:
-        tensor = tensor.detach().contiguous().clone()  # the caller may reuse its buffer
-        comm_stats.add("pipe_p2p", tensor.numel() * tensor.element_size())
-        self._pending.append((dist.isend(tensor, self.ranks[stage], group=self.group), tensor))
+        # a private copy (or its codec bytes) travels: the caller may reuse its buffer
+        self._pending.append(isend_tensor(tensor, self.ranks[stage], self.group, self.codec_for(tensor)))
         self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
 
-    def recv(self, buffer: torch.Tensor, stage: int) -> torch.Tensor:
-        dist.recv(buffer, self.ranks[stage], group=self.group)
-        return buffer
+    def recv(self, like: torch.Tensor, stage: int) -> torch.Tensor:
+        """Receives a tensor of `like`'s shape and dtype from `stage`."""
+        return recv_tensor(like.shape, like.dtype, like.device, self.ranks[stage], self.group, self.codec_for(like))
+
+    def send_latents(self, new: torch.Tensor, old: torch.Tensor, stage: int) -> None:
+        """Hands a stepped latent region back to `stage`, which holds `old` for it.
+
+        With a codec only the update new - old travels (its quantization error is a
+        fraction of the step, not of the latents), and `new` becomes exactly what the
+        receiver reconstructs, so the stages never drift apart.
+        """
+        codec = self.codec_for(new)
+        if codec is None:
+            self.send(new, stage)
+            return
+        update = new - old
+        self.send(update, stage)
+        new.copy_(old + codec.decode(codec.encode(update), update.shape, update.dtype))
+
+    def recv_latents(self, view: torch.Tensor, stage: int) -> None:
+        """Receives what send_latents sent into `view` (which holds the old values)."""
+        received = self.recv(view, stage)
+        if self.codec_for(view) is None:
+            view.copy_(received)
+        else:
+            view.copy_(view + received)
 
     def finish(self) -> None:
         for work, _ in self._pending:

@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..attention.usp import SequenceGroups, usp_attention
+from ..attention.kernels import attention_with_lse
+from ..attention.usp import EXACT, SequenceGroups, WireCodecs, usp_attention
 from ..distributed.comm import all_gather_uneven, split_sizes
 from ..distributed.mesh import ParallelMesh
 from .plan import LOCAL, OUTPUT, SequencePlan
@@ -44,6 +45,19 @@ class _SequenceState:
     """PipeFusion: the image tokens [start, stop) this forward computes (None: all of them)."""
     stale_kv: object = None
     """PipeFusion: the per-layer K/V buffers attention reads from (None: plain sequence parallelism)."""
+    backend: object = None
+    """The attention kernel (None: torch's SDPA); see meshdit.quant.runtime.Fp8AttentionBackend."""
+    codecs: WireCodecs = EXACT
+    """What encodes the sequence-parallel traffic (EXACT: nothing)."""
+
+    def local_attention(self, q, k, v, scale):
+        if self.backend is None:
+            return _ORIGINAL_SDPA(q, k, v, scale=scale)
+        return self.backend.local(q, k, v, scale)
+
+    @property
+    def lse_attention(self):
+        return attention_with_lse if self.backend is None else self.backend.with_lse
 
     PATCHED_STREAM = "img"
 
@@ -94,21 +108,24 @@ class _ActiveAttention:
             )
         if self.state.stale_kv is not None:
             return self.state.stale_kv.attention(self, query, key, value, scale)
-        return usp_attention(query, key, value, self.state.groups, per_rank, scale, _local_attention)
-
-
-def _local_attention(q, k, v, scale):
-    return _ORIGINAL_SDPA(q, k, v, scale=scale)
+        state = self.state
+        return usp_attention(query, key, value, state.groups, per_rank, scale, state.local_attention,
+                             state.lse_attention, state.codecs)
 
 
 _ACTIVE: contextvars.ContextVar[_ActiveAttention | None] = contextvars.ContextVar("meshdit_sp_attention",
                                                                                  default=None)
+_BACKEND: contextvars.ContextVar[object] = contextvars.ContextVar("meshdit_attention_backend", default=None)
 _ORIGINAL_SDPA = F.scaled_dot_product_attention
 
 
 def _routed_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
     active = _ACTIVE.get()
     if active is None:
+        backend = _BACKEND.get()
+        plain = attn_mask is None and not dropout_p and not is_causal and not kwargs.get("enable_gqa")
+        if backend is not None and plain:  # masked attention (e.g. PixArt's captions) stays on SDPA
+            return backend.local(query, key, value, scale)
         return _ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                               is_causal=is_causal, scale=scale, **kwargs)
     return active(query, key, value, attn_mask, dropout_p, is_causal, scale, **kwargs)
@@ -125,15 +142,39 @@ def _named_inputs(module, args, kwargs):
     return dict(bound.arguments)
 
 
+def apply_attention_backend(transformer: torch.nn.Module, backend) -> list:
+    """Every attention module of `transformer` computes with `backend` (no communication); returns hooks."""
+    _install_sdpa_router()
+    handles = []
+    for module in transformer.modules():
+        if not _is_attention(module):
+            continue
+
+        def enter(_mod, _args):
+            _mod._meshdit_backend_token = _BACKEND.set(backend)
+
+        def leave(_mod, _args, _out):
+            token = getattr(_mod, "_meshdit_backend_token", None)
+            if token is not None:
+                _BACKEND.reset(token)
+                _mod._meshdit_backend_token = None
+
+        handles.append(module.register_forward_pre_hook(enter))
+        handles.append(module.register_forward_hook(leave, always_call=True))
+    return handles
+
+
 def apply_sequence_parallel(transformer: torch.nn.Module, plan: SequencePlan, mesh: ParallelMesh,
-                            state_out: list | None = None) -> list:
+                            state_out: list | None = None, backend=None, codecs: WireCodecs = EXACT) -> list:
     """Hooks `plan` into `transformer`; returns the hook handles (remove() undoes it).
 
     The hooks also serve PipeFusion, which cuts the image stream into patches:
     `state_out`, when given, receives the shared state that PipeFusion drives.
+    `backend` (None: SDPA) computes attention, `codecs` encode what travels.
     """
     sp_group = mesh.group("sp")
-    state = _SequenceState(sequence_groups(mesh), sp_group, dist.get_rank(sp_group), dist.get_world_size(sp_group))
+    state = _SequenceState(sequence_groups(mesh), sp_group, dist.get_rank(sp_group), dist.get_world_size(sp_group),
+                           backend=backend, codecs=codecs)
     if state_out is not None:
         state_out.append(state)
     modules = dict(transformer.named_modules())

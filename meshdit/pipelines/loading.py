@@ -11,13 +11,34 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def load_pipeline(model: str, device: torch.device, torch_dtype: torch.dtype | None = None):
-    from diffusers import DiffusionPipeline
+def load_pipeline(model: str, device: torch.device, torch_dtype: torch.dtype | None = None, mesh=None,
+                  options=None, on_tensor=None):
+    """The pipeline on `device`; on a multi-rank mesh, memory-efficiently unless options turn it off.
+
+    on_tensor(name, tensor) -> tensor transforms each transformer weight as it arrives (e.g. FP8).
+    """
+    from ..loading import LoadOptions
 
     dtype = torch_dtype or default_dtype(device)
+    options = options or LoadOptions()
+    if mesh is not None and options.efficient(mesh.config.world_size):
+        from ..loading.pipeline import load_pipeline_efficiently
+
+        return load_pipeline_efficiently(model, device, dtype, mesh, options, on_tensor)
+    from diffusers import DiffusionPipeline
+
     try:
         pipe = DiffusionPipeline.from_pretrained(model, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"could not load the pipeline {model!r}: {exc}") from exc
     pipe.set_progress_bar_config(disable=True)
-    return pipe.to(device)
+    pipe.to(device)
+    if options.text_encoder_device:  # text encoders stay there; embeddings move to `device`
+        from ..loading.text import encode_on_one_rank
+
+        encoder_device = torch.device(options.text_encoder_device)
+        for name, component in pipe.components.items():
+            if name.startswith("text_encoder") and component is not None:
+                component.to(encoder_device)
+        encode_on_one_rank(pipe, device, encoder_device)
+    return pipe

@@ -61,7 +61,7 @@ def pipefusion_denoise(recipe: Recipe, state: DenoiseState, pipefusion, sequence
             for p, (row0, row1) in enumerate(items(i)):
                 view = recipe.patch_view(state, latents, row0, row1)
                 if pf.is_first and i > 0 and pf.num_stages > 1:
-                    view.copy_(pf.recv(torch.empty(view.shape, dtype=view.dtype, device=view.device), pf.num_stages - 1))
+                    pf.recv_latents(view, pf.num_stages - 1)
                 sequence_state.patch = (row0 * cols, row1 * cols)
                 preds = {}
                 for branch in local:
@@ -72,6 +72,7 @@ def pipefusion_denoise(recipe: Recipe, state: DenoiseState, pipefusion, sequence
                 if cfg_size > 1:
                     preds = _exchange_branches(preds[local[0]], branches, cfg_group)
                 noise_pred = recipe.guide(state, preds)
+                before = latents.clone()  # what stage 0 holds until the hand-back
                 if i < warmup_steps:
                     latents = recipe.step(state, noise_pred, t, latents)
                 else:
@@ -85,7 +86,8 @@ def pipefusion_denoise(recipe: Recipe, state: DenoiseState, pipefusion, sequence
                 if pf.num_stages > 1 and i + 1 < steps:
                     # in the pieces stage 0 will read them next step
                     for q0, q1 in (items(i + 1) if i < warmup_steps else [(row0, row1)]):
-                        pf.send(recipe.patch_view(state, latents, q0, q1), 0)
+                        pf.send_latents(recipe.patch_view(state, latents, q0, q1),
+                                        recipe.patch_view(state, before, q0, q1), 0)
     finally:
         sequence_state.patch = None
     pf.finish()

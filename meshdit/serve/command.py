@@ -32,24 +32,17 @@ def add_serve_parser(commands, generate_parser: argparse.ArgumentParser) -> argp
 
 
 def serve_command(args) -> int:
-    from ..config import ParallelConfig
-    from ..vae import VaeDecodeSettings
+    from ..flags import layout_from_args
     from .server_state import ServeSettings
 
     if args.model is None:
-        from ..cli import _default_model_settings
+        from ..default_model import weights_path
 
-        model = _default_model_settings(args)
+        model = str(weights_path())
     else:
         model = args.model
-    config = ParallelConfig(
-        data_parallel_degree=args.data_parallel_degree, cfg_degree=2 if args.use_cfg_parallel else 1,
-        pipefusion_parallel_degree=args.pipefusion_parallel_degree, ring_degree=args.ring_degree,
-        ulysses_degree=args.ulysses_degree, num_pipeline_patch=args.num_pipeline_patch,
-        warmup_steps=args.warmup_steps)
+    config, vae = layout_from_args(args)
     config.validate()
-    vae = VaeDecodeSettings(parallel=args.use_parallel_vae, tile_height=args.vae_tile_height,
-                            tile_width=args.vae_tile_width, tile_overlap=args.vae_tile_overlap)
     vae.validate()
     for name in ("max_queue", "max_batch_images", "max_images"):
         if getattr(args, name) < 1:

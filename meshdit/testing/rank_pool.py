@@ -9,20 +9,14 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import socket
 import time
 import traceback
 from typing import Any, Callable
 
+from ..distributed.ports import free_port
 from ..errors import RankFailedError
 
 _GRACE_AFTER_FAILURE_S = 5.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world_size: int, port: int, conn) -> None:
@@ -62,7 +56,7 @@ class RankPool:
 
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
-        port = _free_port()
+        port = free_port()
         for rank in range(self.world_size):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_worker, args=(rank, self.world_size, port, child), daemon=True)

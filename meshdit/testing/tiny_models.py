@@ -63,13 +63,14 @@ def tiny_vae(latent_channels: int = 4, scaling_factor: float = 0.6, shift_factor
 
 
 def tiny_flux_pipeline(seed: int = 0, heads: int = 4, guidance_embeds: bool = False, double: int = 1,
-                       single: int = 1):
+                       single: int = 1, head_dim: int = 16):
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
 
     torch.manual_seed(seed)
     transformer = FluxTransformer2DModel(
-        in_channels=16, num_layers=double, num_single_layers=single, attention_head_dim=16, num_attention_heads=heads,
-        joint_attention_dim=32, pooled_projection_dim=16, guidance_embeds=guidance_embeds, axes_dims_rope=(4, 6, 6),
+        in_channels=16, num_layers=double, num_single_layers=single, attention_head_dim=head_dim,
+        num_attention_heads=heads, joint_attention_dim=32, pooled_projection_dim=16, guidance_embeds=guidance_embeds,
+        axes_dims_rope=(head_dim // 4, 3 * head_dim // 8, 3 * head_dim // 8),
     ).eval()
     return FluxPipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True), vae=tiny_vae(),
@@ -142,6 +143,8 @@ BUILDERS = {
     "sd35-4blocks": lambda seed=0: tiny_sd3_pipeline(seed, layers=4),
     "sd3-4blocks": lambda seed=0: tiny_sd3_pipeline(seed, sd35=False, layers=4),
     "pixart-sigma-4blocks": lambda seed=0: tiny_pixart_pipeline(seed, layers=4),
+    # hidden 256 (4 heads x 64): Linear layers wide enough that FP8 scales and biases are a small overhead
+    "flux-wide": lambda seed=0: tiny_flux_pipeline(seed, head_dim=64),
 }
 
 

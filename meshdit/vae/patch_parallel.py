@@ -32,6 +32,9 @@ from diffusers.models.upsampling import Upsample2D
 from ..distributed.comm import all_gather_uneven, comm_stats, split_sizes
 from ..errors import ConfigError
 
+# Containers only hold modules (walked into); an empty one computes nothing. The mid block
+# of a VAE with mid_block_add_attention=False keeps an empty ModuleList of attentions.
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 # Leaves that compute each output row from the same input row only.
 _ROW_LOCAL = (nn.SiLU, nn.ReLU, nn.GELU, nn.Mish, nn.Tanh, nn.Sigmoid, nn.Identity, nn.Dropout)
 
@@ -176,6 +179,8 @@ class BandHooks:
                     self.convs.append((child, halo))
             elif isinstance(child, nn.GroupNorm):
                 self.norms.append(child)
+            elif isinstance(child, _CONTAINERS):
+                self._walk(child)                  # possibly empty (mid block without attention): nothing to split
             elif isinstance(child, Upsample2D) and (child.use_conv_transpose or not child.interpolate):
                 raise ConfigError(f"parallel VAE decode supports nearest-neighbour upsampling only; found {child}.")
             elif not list(child.children()) and not isinstance(child, _ROW_LOCAL):

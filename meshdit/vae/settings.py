@@ -64,3 +64,49 @@ class VaeDecodeSettings:
                     f"{flag} ({value} px) must be a multiple of the VAE's upsampling factor {scale} "
                     f"(tiles are cut from the latent); use {hint}."
                 )
+
+
+# What the band split (patch_parallel.BandHooks) and the tiles (tiled.py) are known to handle.
+KNOWN_VAE_CLASSES = ("AutoencoderKL", "AutoencoderKLFlux2")
+KNOWN_UP_BLOCKS = ("UpDecoderBlock2D",)
+KNOWN_ACTIVATIONS = ("silu", "swish", "relu", "gelu", "mish")
+
+
+def check_vae_config(vae_config: dict, settings: VaeDecodeSettings, height: int, width: int) -> None:
+    """Checks, from the VAE's config.json alone (no weights, before ranks start), that `settings`
+    can decode a height x width image with this VAE. Raises ConfigError naming the fix.
+
+    A plain decode (neither parallel nor tiled) runs diffusers' own vae.decode: nothing to check.
+    """
+    if not (settings.parallel or settings.tiled):
+        return
+    what = "--use-parallel-vae" if settings.parallel else "--vae-tile-height/--vae-tile-width"
+    plain = "run without --use-parallel-vae and the --vae-tile-* flags (diffusers' own decode)"
+    cls = vae_config.get("_class_name")
+    if cls not in KNOWN_VAE_CLASSES:
+        raise ConfigError(f"{what} supports the VAE classes {', '.join(KNOWN_VAE_CLASSES)}; this model's VAE is "
+                          f"{cls!r} (vae/config.json): {plain}.")
+    up_blocks = list(vae_config.get("up_block_types") or ["UpDecoderBlock2D"] * 4)
+    unknown = sorted(set(up_blocks) - set(KNOWN_UP_BLOCKS))
+    if settings.parallel and unknown:
+        raise ConfigError(f"--use-parallel-vae does not know the decoder block type(s) {unknown} of this VAE "
+                          f"(vae/config.json up_block_types); {plain}.")
+    act = str(vae_config.get("act_fn", "silu"))
+    if settings.parallel and act not in KNOWN_ACTIVATIONS:
+        raise ConfigError(f"--use-parallel-vae does not know the VAE activation {act!r} (vae/config.json act_fn); "
+                          f"{plain}.")
+    scale = 2 ** (len(up_blocks) - 1)   # one nearest-2x upsampler after every up block but the last
+    settings.validate(scale)
+    for name, value in (("--height", height), ("--width", width)):
+        if value % scale:
+            raise ConfigError(f"{name} {value} is not a multiple of the VAE's upsampling factor {scale}: "
+                              f"use {max(scale, value // scale * scale)} or {(value // scale + 1) * scale}.")
+
+
+def check_vae_of_model(model: str, settings: VaeDecodeSettings, height: int, width: int) -> None:
+    """check_vae_config on the VAE config of a pipeline folder or Hub id (read without torch)."""
+    if not (settings.parallel or settings.tiled):
+        return
+    from ..models.info import _read_json
+
+    check_vae_config(_read_json(model, "vae/config.json"), settings, height, width)

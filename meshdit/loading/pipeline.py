@@ -1,0 +1,60 @@
+"""A whole pipeline loaded leanly on one rank of a mesh."""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from ..errors import ConfigError
+from .load import LoadReport, load_model
+from .options import LoadOptions
+from .text import ENCODING_RANK, encode_on_one_rank, text_encoder_names
+
+
+def local_folder(model: str) -> str:
+    if os.path.isdir(model):
+        return model
+    from diffusers import DiffusionPipeline
+
+    return DiffusionPipeline.download(model)
+
+
+def load_pipeline_efficiently(model: str, device: torch.device, dtype: torch.dtype, mesh,
+                              options: LoadOptions, on_tensor=None):
+    """The pipeline with its transformer loaded from one shared or streamed copy of the weights.
+
+    Under PipeFusion the transformer's other-stage blocks stay on the meta device (never
+    materialised); PipeFusion replaces them with pass-through blocks.
+    """
+    from diffusers import DiffusionPipeline
+
+    from ..models.registry import family_for_transformer
+    from .skeleton import component_class
+    from .stages import stage_keep
+
+    folder = local_folder(model)
+    select = None
+    if mesh.size("pp") > 1:
+        family = family_for_transformer(component_class(folder, "transformer").__name__)
+        select = lambda skeleton: stage_keep(skeleton, family.pipeline_plan(), mesh.local_rank("pp"), mesh.size("pp"))  # noqa: E731
+    transformer, report = load_model(folder, "transformer", device, dtype, select, on_tensor,
+                                     options.transport_for(device.type))
+    encoders = text_encoder_names(folder)
+    # Only the encoding rank loads the text encoders; the others get its embeddings.
+    skipped = {} if dist.get_rank() == ENCODING_RANK else {name: None for name in encoders}
+    try:
+        pipe = DiffusionPipeline.from_pretrained(folder, transformer=transformer, dtype=dtype, **skipped)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"could not load the pipeline {model!r}: {exc}") from exc
+    pipe.set_progress_bar_config(disable=True)
+    encoder_device = torch.device(options.text_encoder_device or device)
+    for name, component in pipe.components.items():
+        if isinstance(component, torch.nn.Module) and name != "transformer":  # the transformer is in place
+            component.to(encoder_device if name in encoders else device)
+    encode_on_one_rank(pipe, device, encoder_device)
+    pipe.load_report = report
+    return pipe
+
+
+__all__ = ["load_pipeline_efficiently", "LoadReport"]

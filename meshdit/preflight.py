@@ -1,0 +1,72 @@
+"""Checks on the world outside the request, made before any rank starts: prompt files, the output
+path, the Hugging Face Hub. Each failure is a ConfigError that names the flag and the fix."""
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from urllib.parse import urlparse
+
+from .errors import ConfigError
+
+HUB_PROBE_SECONDS = 3.0  # without it an unreachable Hub costs ~23 s of retries before the error
+
+
+def read_prompt_file(path: str) -> list[str]:
+    """One prompt per line, blank lines skipped; an unreadable, non-UTF-8 or blank file is refused
+    (never a silent fall-back to the built-in prompt)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            prompts = [line.strip() for line in f if line.strip()]
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--prompt-file {path}: not UTF-8 text (byte {exc.start}: {exc.reason}); save it as "
+                          "UTF-8.") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read --prompt-file: {exc}") from None
+    if not prompts:
+        raise ConfigError(f"--prompt-file {path} holds no prompt (it is empty or blank): write one prompt per "
+                          "line, or use --prompt TEXT.")
+    return prompts
+
+
+def check_output_writable(pattern: str, count: int) -> None:
+    """Each output path can be written: not a folder, not under a regular file, in a writable folder."""
+    checked = set()
+    for index in range(count):
+        path = os.path.abspath(pattern.replace("{i}", str(index)))
+        if os.path.isdir(path):
+            raise ConfigError(f"--output {pattern}: {path} is a folder; name a file inside it, e.g. "
+                              f"--output {os.path.join(pattern, 'out.png')}.")
+        if os.path.exists(path) and not os.access(path, os.W_OK):
+            raise ConfigError(f"--output {pattern}: {path} exists and cannot be overwritten; choose another name.")
+        folder = os.path.dirname(path)
+        if folder in checked:
+            continue
+        checked.add(folder)
+        existing = folder
+        while not os.path.exists(existing):  # save_images creates the missing folders
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):
+            raise ConfigError(f"--output {pattern}: {existing} is a file, so no folder can be made under it; "
+                              "choose another output path.")
+        try:  # the real test of writability (permissions, read-only file systems); leaves nothing behind
+            with tempfile.TemporaryFile(dir=existing):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"--output {pattern}: cannot write in {existing} ({exc.strerror}); choose a writable "
+                              "folder.") from None
+
+
+def check_hub_reachable(model: str, timeout: float = HUB_PROBE_SECONDS) -> None:
+    """A model that must come from the Hub fails within `timeout` seconds when the Hub cannot be reached."""
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return  # only the proxy knows whether the Hub is reachable; let huggingface_hub find out
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"model {model!r} is not a local folder nor in the Hugging Face cache, and {host} cannot be reached "
+            f"({exc.strerror or type(exc).__name__}, within {timeout:g} s): connect to the network, pass a folder "
+            "saved with save_pretrained, or set HF_HUB_OFFLINE=1 to use only the cache.") from None

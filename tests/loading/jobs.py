@@ -1,0 +1,98 @@
+"""Jobs the loading tests run on every rank of the pool (module-level: they are pickled)."""
+import torch
+
+from meshdit.config import GenerateRequest, ParallelConfig
+from meshdit.engine import Engine
+from meshdit.errors import ConfigError
+from meshdit.loading import LoadOptions
+from meshdit.loading.skeleton import param_bytes
+from meshdit.pipelines.loading import load_pipeline
+from meshdit.testing.rank_pool import mesh_for
+
+SIZE = (36, 44)
+STEPS = 2
+
+
+def request() -> GenerateRequest:
+    return GenerateRequest(prompt=["a red cat on a blue square"], height=SIZE[0], width=SIZE[1],
+                           num_inference_steps=STEPS, seed=3, guidance_scale=3.0,
+                           extra={"max_sequence_length": 6})
+
+
+def _image(pipe, mesh):
+    engine = Engine(pipe, mesh)
+    try:
+        return engine.generate(request()).images
+    finally:
+        engine.close()
+
+
+def efficient_vs_plain(folder: str, degrees: dict, transport: str):
+    """(tensors differing from a plain from_pretrained load, max |image diff| efficient vs plain, load report)."""
+    from diffusers import DiffusionPipeline
+
+    mesh = mesh_for(ParallelConfig(**degrees))
+    lean = load_pipeline(folder, mesh.device, torch.float32, mesh, LoadOptions(transport=transport))
+    plain = DiffusionPipeline.from_pretrained(folder, dtype=torch.float32)
+    plain.set_progress_bar_config(disable=True)
+    reference = plain.transformer.state_dict()
+    loaded = lean.transformer.state_dict()
+    differing = [n for n, t in reference.items()
+                 if loaded[n].dtype != t.dtype or loaded[n].shape != t.shape or not torch.equal(loaded[n], t)]
+    differing += [n for n in loaded if n not in reference]
+    diff = float(abs(_image(lean, mesh) - _image(plain, mesh)).max())
+    return differing, diff, lean.load_report.tensors
+
+
+def load_error(folder: str, degrees: dict, transport: str) -> str:
+    """The ConfigError every rank raises for a bad checkpoint (or "" if it loads)."""
+    mesh = mesh_for(ParallelConfig(**degrees))
+    try:
+        load_pipeline(folder, mesh.device, torch.float32, mesh, LoadOptions(transport=transport))
+    except ConfigError as exc:
+        return str(exc)
+    return ""
+
+
+def pipefusion_stage_bytes(folder: str, stages: int, transport: str):
+    """(peak parameter bytes of this rank's transformer over load and run, allowed bound, whole model, image)."""
+    from meshdit.loading.skeleton import build_skeleton
+    from meshdit.loading.stages import stage_keep
+    from meshdit.models.flux import PIPELINE
+
+    config = ParallelConfig(pipefusion_parallel_degree=stages, warmup_steps=STEPS, num_pipeline_patch=3)
+    mesh = mesh_for(config)
+    pipe = load_pipeline(folder, mesh.device, torch.float32, mesh, LoadOptions(transport=transport))
+    after_load = pipe.load_report.param_bytes
+    image = _image(pipe, mesh)
+    peak = max(after_load, param_bytes(pipe.transformer))
+    # The bound from a skeleton: the stage's own blocks plus every non-block parameter.
+    skeleton = build_skeleton(folder, "transformer")
+    keep = stage_keep(skeleton, PIPELINE, mesh.local_rank("pp"), stages)
+    bound = sum(p.numel() * p.element_size() for n, p in skeleton.named_parameters() if keep(n))
+    whole = sum(p.numel() * p.element_size() for p in skeleton.parameters())
+    return peak, bound, whole, image
+
+
+def warm(degrees: dict) -> None:
+    """Imports diffusers and builds the mesh, so a timed job measures only itself."""
+    import diffusers  # noqa: F401
+
+    mesh_for(ParallelConfig(**degrees))
+
+
+def text_encoder_params_and_image(folder: str, degrees: dict):
+    """(text-encoder parameters this rank holds, image) after an efficient load over `degrees`."""
+    mesh = mesh_for(ParallelConfig(**degrees))
+    pipe = load_pipeline(folder, mesh.device, torch.float32, mesh, LoadOptions())
+    held = sum(p.numel() for name, c in pipe.components.items()
+               if name.startswith("text_encoder") and c is not None for p in c.parameters())
+    return held, _image(pipe, mesh)
+
+
+def single_process_image(folder: str):
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(folder, dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    return _image(pipe, None)
