@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import io
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from meshdit.testing.serve_process import KEY, REPO, SMALL, Server
+from meshdit.testing.serve_process import KEY, REPO, SMALL, Server, children
 
 PROMPT = "two red circles on a white background"
 # A batch is not bit-equal to its requests alone (tests/serve/test_engine_batching.py): at most
@@ -188,14 +189,43 @@ def test_web_page_in_a_headless_browser(server):
         browser.find_element(By.ID, "key").send_keys(KEY)
         steps = browser.find_element(By.ID, "steps")
         steps.clear()
-        steps.send_keys("40")
+        steps.send_keys("60")  # enough steps to see the bar move on a fast machine too
         browser.find_element(By.ID, "submit").click()
         progress = browser.find_element(By.ID, "progress")
         values = set()
         WebDriverWait(browser, 240, poll_frequency=0.1).until(
             lambda b: values.add(float(progress.get_attribute("value"))) or
             b.execute_script("const i = document.getElementById('image'); return i.complete && i.naturalWidth > 0"))
-        assert len([v for v in values if 0 < v < 40]) >= 2, values  # the bar advanced step by step
+        assert len([v for v in values if 0 < v < 60]) >= 2, values  # the bar advanced step by step
         assert browser.find_element(By.ID, "status").text == "done"
     finally:
         browser.quit()
+
+
+def test_sigterm_drains_the_running_job_fails_the_queued_and_stops_every_rank(server):
+    """Last: it ends the module's server."""
+    running = server.job(prompt=PROMPT, steps=12)
+    server.wait_job(running["id"], lambda s: s["step"] >= 1)
+    events, queued = [], {}
+
+    def follow() -> None:  # the running job's progress stream stays open through the drain
+        with server.client.stream("GET", f"/v1/images/jobs/{running['id']}/events") as stream:
+            events.extend(line for line in stream.iter_lines() if line.startswith("data:"))
+
+    def submit() -> None:
+        r = server.client.post("/v1/images/generations", json={"prompt": PROMPT})
+        queued["answer"] = (r.status_code, r.text)
+
+    threads = [threading.Thread(target=follow), threading.Thread(target=submit)]
+    for t in threads:
+        t.start()
+    server.wait_job(running["id"], lambda s: server.client.get("/health").json()["queue"] == 1)
+    ranks = server.rank_pids()
+    server.proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(60)
+    assert server.proc.wait(timeout=60) == 0
+    assert '"status": "done"' in events[-1], events[-3:]
+    assert queued["answer"][0] == 503 and "shutting down" in queued["answer"][1], queued
+    assert children(server.proc.pid) == [] and not [p for p in ranks if os.path.exists(f"/proc/{p}")]
+    assert "drained and stopped every rank" in server.log.read_text()
