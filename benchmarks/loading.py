@@ -10,6 +10,8 @@ meshdit's shared read-only mapping; plain: DiffusionPipeline.from_pretrained on 
 A sampler in this process sums the ranks' PSS (/proc/<pid>/smaps_rollup: shared pages counted
 once, split between the processes that map them) every 20 ms; the figure is the peak of that
 sum during the load minus the sum just before it: the host memory the load costs the job.
+Each rank reads every weight after loading (mapped pages count only once read), and the
+times include that read.
 """
 from __future__ import annotations
 
@@ -74,7 +76,10 @@ def write_model(folder: str) -> int:
 
 
 def _warm() -> None:
+    """Imports what loading imports (the pipeline, text encoder and VAE classes), so the figure is weights only."""
     import diffusers  # noqa: F401
+    from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel  # noqa: F401
+    from transformers import CLIPTextModel, T5EncoderModel  # noqa: F401
 
     from meshdit.config import ParallelConfig
     from meshdit.testing.rank_pool import mesh_for
@@ -83,7 +88,7 @@ def _warm() -> None:
 
 
 def _load(folder: str, efficient: bool) -> tuple[float, float]:
-    """Loads the pipeline on this rank; returns (start, end) wall-clock times, holding it 0.5 s after."""
+    """Loads the pipeline on this rank and reads every weight; returns (start, end, checksum), holding it 0.5 s."""
     import torch
 
     from meshdit.config import ParallelConfig
@@ -94,13 +99,19 @@ def _load(folder: str, efficient: bool) -> tuple[float, float]:
     mesh = mesh_for(ParallelConfig(ulysses_degree=WORLD))
     start = time.time()
     pipe = load_pipeline(folder, torch.device("cpu"), torch.float32, mesh, LoadOptions(memory_efficient=efficient))
+    # Mapped weights cost nothing until read: read every one, as the first denoising step does.
+    # A float64 sum per parameter (a checksum the ranks must agree on): both rows include one
+    # parameter's transient float64 copy per rank (up to 40 MiB here).
+    touched = sum(float(p.detach().double().sum()) for p in pipe.transformer.parameters())
     end = time.time()
     time.sleep(0.5)  # the sampler sees the loaded state too
     del pipe
-    return start, end
+    return start, end, touched
 
 
 def measure(folder: str, efficient: bool) -> tuple[int, float]:
+    # NOTE: plain loads of this fp32 file map it too (diffusers/safetensors), so the gap is in what
+    # each rank copies: run it to see, rather than assume 4x.
     """(peak host bytes the load adds to the job, load seconds) on 4 fresh ranks."""
     from meshdit.testing.rank_pool import RankPool
 
@@ -114,6 +125,8 @@ def measure(folder: str, efficient: bool) -> tuple[int, float]:
     start, end = min(t[0] for t in times), max(t[1] for t in times)
     before = [b for t, b in sampler.samples if t <= start]
     during = [b for t, b in sampler.samples if start <= t <= end + 0.5]
+    if len({round(t[2], 3) for t in times}) != 1:
+        raise SystemExit(f"ranks loaded different weights: {[t[2] for t in times]}")
     return max(during) - before[-1], end - start
 
 
