@@ -5,6 +5,7 @@ from meshdit.config import GenerateRequest, ParallelConfig
 from meshdit.engine import Engine
 from meshdit.pipelines.loop import GenerationCancelled
 from meshdit.testing.rank_pool import mesh_for
+from meshdit.testing.tiny_models import tiny_pipeline
 from tests.sp_jobs import pipeline
 
 
@@ -15,7 +16,10 @@ def request(seed: int, prompt: str = "a red cat", n: int = 1, steps: int = 3) ->
 
 def engine_for(degrees: dict) -> Engine:
     config = ParallelConfig(**degrees)
-    return Engine(pipeline("flux"), mesh_for(config) if config.world_size > 1 else None)
+    # PipeFusion drops the other stages' blocks for good: never do that to the pool's shared cached pipeline
+    pipe = tiny_pipeline("flux") if config.pipefusion_parallel_degree > 1 else pipeline("flux")
+    pipe.set_progress_bar_config(disable=True)
+    return Engine(pipe, mesh_for(config) if config.world_size > 1 else None)
 
 
 def batched_and_solo(degrees: dict, counts=(1, 2, 1)):
