@@ -150,18 +150,25 @@ def apply_attention_backend(transformer: torch.nn.Module, backend) -> list:
         if not _is_attention(module):
             continue
 
-        def enter(_mod, _args):
-            _mod._meshdit_backend_token = _BACKEND.set(backend)
-
-        def leave(_mod, _args, _out):
-            token = getattr(_mod, "_meshdit_backend_token", None)
-            if token is not None:
-                _BACKEND.reset(token)
-                _mod._meshdit_backend_token = None
-
-        handles.append(module.register_forward_pre_hook(enter))
-        handles.append(module.register_forward_hook(leave, always_call=True))
+        handles += _set_during_forward(module, _BACKEND, backend)
     return handles
+
+
+def _set_during_forward(module: torch.nn.Module, var: contextvars.ContextVar, value) -> list:
+    """Hooks that set `var` to `value` while `module` runs (its attention calls see it); returns the handles.
+
+    Tokens live in this closure, not on the diffusers module, so nothing is left on it.
+    """
+    tokens = []
+
+    def enter(_mod, _args):
+        tokens.append(var.set(value))
+
+    def leave(_mod, _args, _out):
+        if tokens:
+            var.reset(tokens.pop())
+
+    return [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
 
 
 def apply_sequence_parallel(transformer: torch.nn.Module, plan: SequencePlan, mesh: ParallelMesh,
@@ -206,19 +213,7 @@ def apply_sequence_parallel(transformer: torch.nn.Module, plan: SequencePlan, me
         streams = _match(plan.attention, name)
         if streams == LOCAL:
             continue
-        active = _ActiveAttention(state, tuple(streams), name)
-
-        def enter(_mod, _args, active=active):
-            _mod._meshdit_sp_token = _ACTIVE.set(active)
-
-        def leave(_mod, _args, _out):
-            token = getattr(_mod, "_meshdit_sp_token", None)
-            if token is not None:
-                _ACTIVE.reset(token)
-                _mod._meshdit_sp_token = None
-
-        handles.append(module.register_forward_pre_hook(enter))
-        handles.append(module.register_forward_hook(leave, always_call=True))
+        handles += _set_during_forward(module, _ACTIVE, _ActiveAttention(state, tuple(streams), name))
     return handles
 
 
