@@ -88,3 +88,18 @@ def engine_refusal(degrees: dict):
         error = (type(exc).__name__, str(exc))
     hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in pipe.transformer.modules())
     return error, hooks
+
+
+def sdpa_after_close(degrees: dict):
+    """(SDPA routed while an engine is open, torch's own SDPA back after the last engine closes)."""
+    import torch.nn.functional as F
+
+    from meshdit.parallel.sequence import _ORIGINAL_SDPA
+
+    config = ParallelConfig(**degrees)
+    first = Engine(pipeline("flux"), mesh_for(config))
+    second = Engine(tiny_pipeline("flux"), mesh_for(config))
+    first.close()
+    still_routed = F.scaled_dot_product_attention is not _ORIGINAL_SDPA  # the second engine still needs it
+    second.close()
+    return still_routed, F.scaled_dot_product_attention is _ORIGINAL_SDPA

@@ -56,3 +56,9 @@ def test_same_seed_same_image_and_seed_matters(run_ranks):
     c = run_ranks(2, sp_jobs.generate, "flux", 1, 2, 32, 32, 12)[0][1]
     assert np.abs(a - b).max() <= 1e-5
     assert np.abs(a - c).max() > 1e-3  # a different seed draws a different image
+
+
+def test_sdpa_is_torch_own_again_after_the_last_engine_closes(run_ranks):
+    """The SDPA routing is reference-counted by engines: closing one keeps it for the other, the last restores it."""
+    for still_routed, restored in run_ranks(2, sp_jobs.sdpa_after_close, dict(ulysses_degree=2)):
+        assert still_routed and restored

@@ -131,10 +131,34 @@ def _routed_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
     return active(query, key, value, attn_mask, dropout_p, is_causal, scale, **kwargs)
 
 
-def _install_sdpa_router() -> None:
-    # Every diffusers processor looks the function up on torch.nn.functional at
-    # call time, so routing it here covers them all without copying any.
-    torch.nn.functional.scaled_dot_product_attention = _routed_sdpa
+class _SdpaRouting:
+    """torch's SDPA routed through `_routed_sdpa` while any hook set needs it (reference-counted).
+
+    Every diffusers processor looks the function up on torch.nn.functional at call time,
+    so routing it here covers them all without copying any. The last remove() puts
+    torch's own function back.
+    """
+
+    users = 0
+
+    def __init__(self) -> None:
+        if _SdpaRouting.users == 0:
+            torch.nn.functional.scaled_dot_product_attention = _routed_sdpa
+        _SdpaRouting.users += 1
+        self._removed = False
+
+    def remove(self) -> None:
+        if self._removed:
+            return
+        self._removed = True
+        _SdpaRouting.users -= 1
+        if _SdpaRouting.users == 0:
+            torch.nn.functional.scaled_dot_product_attention = _ORIGINAL_SDPA
+
+
+def _install_sdpa_router() -> _SdpaRouting:
+    """Routes SDPA until the returned handle is removed (it goes with the hooks' handles)."""
+    return _SdpaRouting()
 
 
 def _named_inputs(module, args, kwargs):
@@ -144,8 +168,7 @@ def _named_inputs(module, args, kwargs):
 
 def apply_attention_backend(transformer: torch.nn.Module, backend) -> list:
     """Every attention module of `transformer` computes with `backend` (no communication); returns hooks."""
-    _install_sdpa_router()
-    handles = []
+    handles = [_install_sdpa_router()]
     for module in transformer.modules():
         if not _is_attention(module):
             continue
@@ -185,8 +208,7 @@ def apply_sequence_parallel(transformer: torch.nn.Module, plan: SequencePlan, me
     if state_out is not None:
         state_out.append(state)
     modules = dict(transformer.named_modules())
-    handles = []
-    _install_sdpa_router()
+    handles = [_install_sdpa_router()]
 
     for split in plan.splits:
         module = _find(modules, split.module)
