@@ -25,7 +25,7 @@ LAYOUTS = {
 }
 
 
-def generate_all(degrees: dict, prompts: list[str], seed: int):
+def generate_all(degrees: dict, prompts: list[str], seed: int, fp8_kwargs: dict | None = None):
     """Runs on every rank: the default model over `degrees`; returns all images (rank results agree)."""
     import torch
     from diffusers import FluxPipeline
@@ -39,7 +39,12 @@ def generate_all(degrees: dict, prompts: list[str], seed: int):
     config = ParallelConfig(**degrees)
     pipe = FluxPipeline.from_pretrained(dm.weights_path())
     pipe.set_progress_bar_config(disable=True)
-    engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None)
+    fp8 = None
+    if fp8_kwargs:  # benchmarks.fp8_default_model: the same runs with FP8 options
+        from meshdit.quant.settings import Fp8Config
+
+        fp8 = Fp8Config(**fp8_kwargs)
+    engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None, fp8=fp8)
     images, start = [], time.perf_counter()
     with torch.inference_mode():
         for i, prompt in enumerate(prompts):

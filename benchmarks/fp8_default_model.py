@@ -9,11 +9,11 @@ PipeFusion runs with full warmup, so the only difference from serial is FP8's.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
 from benchmarks.default_model_layouts import LAYOUTS as _ALL
+from benchmarks.default_model_layouts import generate_all
 
 LAYOUTS = {name: _ALL[name] for name in ("serial", "ulysses 2", "ring 2", "pipefusion 2, full warmup")}
 OPTIONS = {
@@ -28,35 +28,6 @@ ORDER = [("serial", "none"), ("serial", "all"), ("ulysses 2", "all"), ("ring 2",
          ("ring 2", "comm"), ("pipefusion 2, full warmup", "comm"), ("ulysses 2", "gemm"), ("ulysses 2", "attn"),
          ("ring 2", "gemm"), ("ring 2", "attn"), ("pipefusion 2, full warmup", "gemm"),
          ("pipefusion 2, full warmup", "attn")]
-
-
-def generate_all(degrees: dict, fp8_kwargs: dict | None, prompts: list[str], seed: int):
-    """Runs on every rank; returns all images (on every rank: the last stage's under PipeFusion)."""
-    import torch
-    from diffusers import FluxPipeline
-
-    from meshdit import default_model as dm
-    from meshdit.config import GenerateRequest, ParallelConfig
-    from meshdit.engine import Engine
-    from meshdit.quant.settings import Fp8Config
-    from meshdit.testing.rank_pool import mesh_for
-
-    torch.set_num_threads(1)
-    config = ParallelConfig(**degrees)
-    pipe = FluxPipeline.from_pretrained(dm.weights_path())
-    pipe.set_progress_bar_config(disable=True)
-    fp8 = Fp8Config(**fp8_kwargs) if fp8_kwargs else None
-    engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None, fp8=fp8)
-    images, start = [], time.perf_counter()
-    with torch.inference_mode():
-        for i, prompt in enumerate(prompts):
-            request = GenerateRequest(
-                prompt=prompt, negative_prompt=dm.DEFAULT_NEGATIVE_PROMPT, height=dm.DEFAULT_HEIGHT,
-                width=dm.DEFAULT_WIDTH, num_inference_steps=dm.DEFAULT_STEPS, guidance_scale=dm.DEFAULT_GUIDANCE,
-                seed=seed + i, extra={"max_sequence_length": dm.DEFAULT_MAX_SEQUENCE_LENGTH})
-            images.append(engine.generate(request).images[0])
-    engine.close()
-    return np.stack(images), time.perf_counter() - start
 
 
 def main() -> None:
@@ -86,9 +57,9 @@ def main() -> None:
             degrees, fp8 = LAYOUTS[layout], OPTIONS.get(option)
             world = ParallelConfig(**degrees).world_size
             if world == 1:
-                images, seconds = generate_all(degrees, fp8, prompts, args.seed)
+                images, seconds = generate_all(degrees, prompts, args.seed, fp8)
             else:
-                results = get_pool(world).run(generate_all, degrees, fp8, prompts, args.seed, timeout=3600)
+                results = get_pool(world).run(generate_all, degrees, prompts, args.seed, fp8, timeout=3600)
                 images, seconds = results[-1]  # PipeFusion: the last stage holds the images
             score = 100.0 * sum(score_image(img, p) for img, p in zip(images, prompts)) / len(prompts)
             if serial is None:
