@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from .config import GenerateRequest, ParallelConfig
-from .distributed.comm import split_sizes
+from .distributed.comm import all_gather_uneven, all_reduce, split_sizes
 from .distributed.mesh import ParallelMesh
 from .models.info import ModelInfo
 from .parallel.parallelize import parallelize
@@ -110,8 +110,8 @@ class Engine:
         vae_input = self.recipe.decode_latents(state, latents)
         image_group = self.mesh.group("image") if self.mesh is not None else None
         image = vae_decode(self.pipe.vae, vae_input, self.vae, image_group)  # [B, 3, H, W] in [-1, 1]
+        image = self._gather_data_parallel(image, sum(counts))
         images = self.pipe.image_processor.postprocess(image, output_type=output_type)
-        images = self._gather_data_parallel(images)
         seconds["decode"] = time.perf_counter() - start - seconds["prepare"] - seconds["denoise"]
         seconds["total"] = time.perf_counter() - start
         offsets = np.cumsum([0] + counts)
@@ -124,8 +124,8 @@ class Engine:
 
         def stop(step: int, total: int) -> bool:
             flag = torch.tensor([1 if on_step(step, total) else 0], device=self.pipe._execution_device)
-            if self.mesh is not None and dist.get_world_size() > 1:
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if self.mesh is not None:
+                all_reduce(flag, dist.group.WORLD, "step_flag_all_reduce", op="max")
             return bool(flag.item())
 
         return stop
@@ -142,18 +142,15 @@ class Engine:
         start = sum(sizes[: self.mesh.local_rank("dp")])
         return self.recipe.slice_batch(state, start, start + sizes[self.mesh.local_rank("dp")])
 
-    def _gather_data_parallel(self, images):
-        """Every rank returns all images, in request order.
+    def _gather_data_parallel(self, image: torch.Tensor, batch_size: int) -> torch.Tensor:
+        """Every rank gets all decoded images [N, 3, H, W], in request order, from its share [N_dp, 3, H, W].
 
         NOTE: all ranks of the dp axis join this gather.
         """
         if self.mesh is None or self.mesh.size("dp") == 1:
-            return images
-        parts = [None] * self.mesh.size("dp")
-        dist.all_gather_object(parts, images, group=self.mesh.group("dp"))
-        if isinstance(images, np.ndarray):
-            return np.concatenate(parts)
-        return [image for part in parts for image in part]
+            return image
+        sizes = split_sizes(batch_size, self.mesh.size("dp"))  # the shares _data_parallel_share kept
+        return all_gather_uneven(image, 0, sizes, self.mesh.group("dp"), "dp_all_gather")
 
     def close(self) -> None:
         """Removes the parallel hooks. Under PipeFusion the other stages' blocks are gone for good."""

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
+from torch.distributed import ProcessGroup
 
-from ..distributed.comm import RingExchange
+from ..distributed.comm import RingExchange, group_rank
 from .kernels import attention_with_lse, merge_attention
 
 
@@ -12,7 +12,7 @@ def ring_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    group: dist.ProcessGroup,
+    group: ProcessGroup,
     kv_lens: list[int],
     scale: float | None = None,
     codec=None,
@@ -26,7 +26,7 @@ def ring_attention(
     NOTE: every rank of `group` must call this with the same kv_lens.
     """
     world = len(kv_lens)
-    me = dist.get_rank(group)
+    me = group_rank(group)
     exchange = RingExchange(group, codec) if world > 1 else None
     block = torch.stack([k, v])  # [2, B, H, S_kv, D]: one message per hop
     out = lse = None

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
+from torch.distributed import ProcessGroup
 
-from ..distributed.comm import all_to_all_chunks, split_sizes
+from ..distributed.comm import all_to_all_chunks, group_rank, split_sizes
 
 
-def seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup, seq_lens: list[int], codec=None) -> torch.Tensor:
+def seq_to_heads(x: torch.Tensor, group: ProcessGroup, seq_lens: list[int], codec=None) -> torch.Tensor:
     """[B, H, seq_lens[me], D] -> [B, H_me, sum(seq_lens), D].
 
     Heads split like torch.tensor_split (uneven when H does not divide), and the
@@ -15,18 +15,18 @@ def seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup, seq_lens: list[int],
     NOTE: every rank of `group` must call it.
     """
     b, h, s, d = x.shape
-    me = dist.get_rank(group)
+    me = group_rank(group)
     heads = split_sizes(h, len(seq_lens))
     send = list(x.split(heads, dim=1))  # to rank j: [B, H_j, S_me, D]
     recv_shapes = [(b, heads[me], n, d) for n in seq_lens]
     return torch.cat(all_to_all_chunks(send, recv_shapes, group, codec), dim=2)
 
 
-def heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup, seq_lens: list[int], num_heads: int,
+def heads_to_seq(x: torch.Tensor, group: ProcessGroup, seq_lens: list[int], num_heads: int,
                  codec=None) -> torch.Tensor:
     """Inverse of seq_to_heads: [B, H_me, sum(seq_lens), D] -> [B, H, seq_lens[me], D]."""
     b, _, _, d = x.shape
-    me = dist.get_rank(group)
+    me = group_rank(group)
     heads = split_sizes(num_heads, len(seq_lens))
     send = list(x.split(seq_lens, dim=2))  # to rank j: its sequence shard of my heads
     recv_shapes = [(b, heads[j], seq_lens[me], d) for j in range(len(seq_lens))]

@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
+from torch.distributed import ProcessGroup
 
+from ..distributed.comm import group_rank
 from .kernels import attention_with_lse
 from .ring import ring_attention
 from .ulysses import heads_to_seq, seq_to_heads
@@ -21,9 +22,9 @@ from .ulysses import heads_to_seq, seq_to_heads
 class SequenceGroups:
     """The two process groups of sequence parallelism and this rank's place in them."""
 
-    ulysses_group: dist.ProcessGroup
+    ulysses_group: ProcessGroup
     ulysses_size: int
-    ring_group: dist.ProcessGroup
+    ring_group: ProcessGroup
     ring_size: int
 
     @property
@@ -66,7 +67,7 @@ def usp_attention(
     u, r = groups.ulysses_size, groups.ring_size
     num_heads = q.shape[1]
     # Lengths of the Ulysses groups' runs, and of this rank's own group members.
-    ring_me = dist.get_rank(groups.ring_group) if r > 1 else 0
+    ring_me = group_rank(groups.ring_group) if r > 1 else 0
     run_lens = [sum(seq_lens[g * u:(g + 1) * u]) for g in range(r)]
     member_lens = seq_lens[ring_me * u:(ring_me + 1) * u]
     if u > 1:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..distributed.comm import broadcast_object
+
 ENCODING_RANK = 0  # the output rank
 
 
@@ -44,7 +46,7 @@ def encode_on_one_rank(pipe, device: torch.device, encoder_device: torch.device)
     encoding = alone or dist.get_rank() == ENCODING_RANK
 
     def encode_prompt(*args, **kwargs):
-        box = [None]
+        box = [None]  # (status, embeddings or error text)
         if encoding:
             kwargs["device"] = encoder_device
             try:
@@ -55,7 +57,7 @@ def encode_on_one_rank(pipe, device: torch.device, encoder_device: torch.device)
                 if alone:
                     raise
         if not alone:
-            dist.broadcast_object_list(box, ENCODING_RANK)
+            box[0] = broadcast_object(box[0], ENCODING_RANK, dist.group.WORLD, "text_embeddings_broadcast")
         status, value = box[0]
         if status == "error":
             raise RuntimeError(f"encoding the prompt on rank {ENCODING_RANK} failed: {value}")

@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from ..distributed.comm import broadcast, recv_into, send
 from .checkpoint import TensorEntry
 
 OnTensor = Callable[[str, torch.Tensor], torch.Tensor]
@@ -54,12 +55,14 @@ def streamed_tensors(entries: list[TensorEntry], keep: Callable[[str], bool], de
     NOTE: every rank of the group iterates to the end: each tensor is one collective
     (or point-to-point sends to the ranks that keep it) in the same order on all ranks.
     """
-    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
-    me = dist.get_rank()
-    reader = ranks[0]
+    group = group or dist.group.WORLD
+    ranks = list(range(dist.get_world_size(group)))  # group ranks
+    me = dist.get_rank(group)
+    reader = 0
     mine = [keep(e.name) for e in entries]
     needs: list = [None] * len(ranks)
-    dist.all_gather_object(needs, mine, group=group)  # who keeps which tensor, agreed once
+    # control plane: who keeps which tensor, agreed once (a list of booleans per rank)
+    dist.all_gather_object(needs, mine, group=group)
     views = FileViews() if me == reader else None
     for index, entry in enumerate(entries):
         takers = [r for r, need in zip(ranks, needs) if need[index]]
@@ -72,12 +75,12 @@ def streamed_tensors(entries: list[TensorEntry], keep: Callable[[str], bool], de
         else:
             continue
         if len(takers) == len(ranks):
-            dist.broadcast(payload, reader, group=group)
+            broadcast(payload, reader, group, "load_broadcast")
         elif me == reader:
-            for r in takers:
+            for r in takers:  # each taker is already waiting in its receive
                 if r != reader:
-                    dist.send(payload, r, group=group)
+                    send(payload, r, group, "load_p2p")
         else:
-            dist.recv(payload, reader, group=group)
+            recv_into(payload, reader, group)
         if me in takers:
             yield entry, payload.view(entry.dtype).reshape(entry.shape)

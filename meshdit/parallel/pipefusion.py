@@ -6,19 +6,18 @@ time; hooks at the stage boundaries receive the previous stage's activations and
 send this stage's on. Every attention layer keeps a full-sequence K/V buffer per
 guidance branch: a patch refreshes its own slice and attends to the rest as last
 computed (this step for earlier patches, the previous step for later ones).
-Sends are posted without waiting (isend), so gloo's blocking sends cannot
-deadlock the cycle in which the last stage hands stepped latents back to stage 0.
+Stage traffic goes through a comm.PipeChannel (its sends do not block, so the
+cycle in which the last stage hands stepped latents back to stage 0 cannot deadlock).
 """
 from __future__ import annotations
 
 import inspect
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ..attention.ulysses import heads_to_seq, seq_to_heads
-from ..distributed.comm import all_gather_uneven, isend_tensor, recv_tensor
+from ..distributed.comm import PipeChannel, all_gather_uneven, group_rank
 from ..distributed.mesh import ParallelMesh
 from .plan import BlockList, PipelinePlan
 
@@ -60,7 +59,7 @@ class StaleKV:
         groups = state.groups
         u = groups.ulysses_size
         ulysses = groups.ulysses_group if u > 1 else None
-        ring_me = dist.get_rank(groups.ring_group) if groups.ring_size > 1 else 0
+        ring_me = group_rank(groups.ring_group) if groups.ring_size > 1 else 0
         members = per_rank[ring_me * u:(ring_me + 1) * u]  # SP ranks of my Ulysses group
         if ulysses is not None:  # my group's tokens for a head shard
             q, k, v = (seq_to_heads(t, ulysses, members, c) for t, c in ((q, codecs.q), (k, codecs.k), (v, codecs.v)))
@@ -105,14 +104,12 @@ class PipeFusion:
 
     def __init__(self, transformer: nn.Module, plan: PipelinePlan, mesh: ParallelMesh, seq_state,
                  codec_for=None) -> None:
-        self.group = mesh.group("pp")
-        self.codec_for = codec_for or (lambda tensor: None)  # tensor -> its wire codec (None: exact)
+        # codec_for: tensor -> its wire codec (None: exact)
+        self.channel = PipeChannel(mesh.group("pp"), codec_for)
         self.stage = mesh.local_rank("pp")
         self.num_stages = mesh.size("pp")
-        self.ranks = dist.get_process_group_ranks(self.group)  # global rank of each stage
         self.stale_kv = StaleKV(seq_state)
         seq_state.stale_kv = self.stale_kv
-        self._pending: list = []  # (work, tensor) of sends in flight
         self.handles = []
         modules = dict(transformer.named_modules())
         blocks = [(modules[spec.path], i, spec) for spec in plan.blocks for i in range(len(modules[spec.path]))]
@@ -144,7 +141,7 @@ class PipeFusion:
             named = _named(module, args, kwargs)
             for name in spec.carry:
                 mine = named[name]
-                named[name] = self.recv(mine, self.stage - 1)
+                named[name] = self.channel.recv(mine, self.stage - 1)
             return (), named
         return hook
 
@@ -152,50 +149,8 @@ class PipeFusion:
         def hook(module, args, kwargs):
             named = _named(module, args, kwargs)
             for name in spec.carry:
-                self.send(named[name], self.stage + 1)
+                self.channel.send(named[name], self.stage + 1)
         return hook
-
-    def send(self, tensor: torch.Tensor, stage: int) -> None:
-        # a private copy (or its codec bytes) travels: the caller may reuse its buffer
-        self._pending.append(isend_tensor(tensor, self.ranks[stage], self.group, self.codec_for(tensor)))
-        self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
-
-    def recv(self, like: torch.Tensor, stage: int) -> torch.Tensor:
-        """Receives a tensor of `like`'s shape and dtype from `stage`."""
-        return recv_tensor(like.shape, like.dtype, like.device, self.ranks[stage], self.group, self.codec_for(like))
-
-    def send_latents(self, new: torch.Tensor, old: torch.Tensor, stage: int) -> None:
-        """Hands a stepped latent region back to `stage`, which holds `old` for it.
-
-        With a codec only the update new - old travels (its quantization error is a
-        fraction of the step, not of the latents), and `new` becomes exactly what the
-        receiver reconstructs, so the stages never drift apart.
-        """
-        codec = self.codec_for(new)
-        if codec is None:
-            self.send(new, stage)
-            return
-        update = new - old
-        self.send(update, stage)
-        new.copy_(old + codec.decode(codec.encode(update), update.shape, update.dtype))
-
-    def recv_latents(self, view: torch.Tensor, stage: int) -> None:
-        """Receives what send_latents sent into `view` (which holds the old values)."""
-        received = self.recv(view, stage)
-        if self.codec_for(view) is None:
-            view.copy_(received)
-        else:
-            view.copy_(view + received)
-
-    def finish(self) -> None:
-        for work, _ in self._pending:
-            work.wait()
-        self._pending = []
-
-    def broadcast_from_last(self, tensor: torch.Tensor) -> torch.Tensor:
-        """NOTE: every stage joins this broadcast."""
-        dist.broadcast(tensor, self.ranks[-1], group=self.group)
-        return tensor
 
 
 def balanced_stages(weights: list[int], num_stages: int) -> list[int]:

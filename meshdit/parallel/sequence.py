@@ -14,12 +14,12 @@ import inspect
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
+from torch.distributed import ProcessGroup
 import torch.nn.functional as F
 
 from ..attention.kernels import attention_with_lse
 from ..attention.usp import EXACT, SequenceGroups, WireCodecs, usp_attention
-from ..distributed.comm import all_gather_uneven, split_sizes
+from ..distributed.comm import all_gather_uneven, group_rank, group_size, split_sizes
 from ..distributed.mesh import ParallelMesh
 from .plan import LOCAL, OUTPUT, SequencePlan
 
@@ -34,7 +34,7 @@ def sequence_groups(mesh: ParallelMesh) -> SequenceGroups:
 @dataclass
 class _SequenceState:
     groups: SequenceGroups
-    sp_group: dist.ProcessGroup
+    sp_group: ProcessGroup
     sp_rank: int
     sp_size: int
     stream_lens: dict[str, list[int]] = field(default_factory=dict)
@@ -203,7 +203,7 @@ def apply_sequence_parallel(transformer: torch.nn.Module, plan: SequencePlan, me
     `backend` (None: SDPA) computes attention, `codecs` encode what travels.
     """
     sp_group = mesh.group("sp")
-    state = _SequenceState(sequence_groups(mesh), sp_group, dist.get_rank(sp_group), dist.get_world_size(sp_group),
+    state = _SequenceState(sequence_groups(mesh), sp_group, group_rank(sp_group), group_size(sp_group),
                            backend=backend, codecs=codecs)
     if state_out is not None:
         state_out.append(state)

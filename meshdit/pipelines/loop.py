@@ -4,9 +4,9 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.distributed as dist
 from tqdm.auto import tqdm
 
+from ..distributed.comm import all_gather, group_rank, group_size
 from .recipe import DenoiseState, Recipe
 
 
@@ -18,7 +18,7 @@ class GenerationCancelled(Exception):
         self.step = step
 
 
-def denoise(recipe: Recipe, state: DenoiseState, cfg_group: dist.ProcessGroup | None = None,
+def denoise(recipe: Recipe, state: DenoiseState, cfg_group=None,
             show_progress: bool = False, on_step=None) -> torch.Tensor:
     """Runs every step; returns the final latents.
 
@@ -45,21 +45,17 @@ def denoise(recipe: Recipe, state: DenoiseState, cfg_group: dist.ProcessGroup | 
 def local_branches(state: DenoiseState, cfg_group) -> tuple[list[str], list[str], int]:
     """(all guidance branches, the ones this rank computes, the CFG group size)."""
     branches = state.branch_names
-    cfg_size = dist.get_world_size(cfg_group) if cfg_group is not None else 1
+    cfg_size = group_size(cfg_group)
     if cfg_size > 1 and len(branches) != cfg_size:
         raise RuntimeError(f"CFG parallel over {cfg_size} ranks needs {cfg_size} guidance branches, "
                            f"this generation has {branches}")
-    local = [branches[dist.get_rank(cfg_group)]] if cfg_size > 1 else branches
+    local = [branches[group_rank(cfg_group)]] if cfg_size > 1 else branches
     return branches, local, cfg_size
 
 
-def _exchange_branches(pred: torch.Tensor, branches: list[str], group: dist.ProcessGroup) -> dict:
-    from ..distributed.comm import comm_stats
-
-    parts = [torch.empty_like(pred) for _ in branches]
-    comm_stats.add("all_gather", pred.numel() * pred.element_size() * (len(branches) - 1))
-    dist.all_gather(parts, pred.contiguous(), group=group)
-    return dict(zip(branches, parts))
+def _exchange_branches(pred: torch.Tensor, branches: list[str], group) -> dict:
+    """{branch: its prediction}: each rank of the CFG group contributes its own branch's."""
+    return dict(zip(branches, all_gather(pred, group)))
 
 
 def _injected_failure() -> int | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from ..distributed.comm import split_sizes
@@ -20,7 +19,7 @@ from .recipe import DenoiseState, Recipe
 
 
 def pipefusion_denoise(recipe: Recipe, state: DenoiseState, pipefusion, sequence_state,
-                       cfg_group: dist.ProcessGroup | None, warmup_steps: int, num_patches: int,
+                       cfg_group, warmup_steps: int, num_patches: int,
                        show_progress: bool = False, on_step=None) -> torch.Tensor:
     """Returns the final latents on every stage.
 
@@ -52,7 +51,8 @@ def pipefusion_denoise(recipe: Recipe, state: DenoiseState, pipefusion, sequence
                 if pf.is_first and i > 0 and pf.num_stages > 1:  # take the patches the last stage already sent
                     for row0, row1 in items(i):
                         shape = recipe.patch_view(state, latents, row0, row1).shape
-                        pf.recv(torch.empty(shape, dtype=latents.dtype, device=latents.device), pf.num_stages - 1)
+                        pf.channel.recv(torch.empty(shape, dtype=latents.dtype, device=latents.device),
+                                        pf.num_stages - 1)
                 cancelled_at = i
                 break
             if i == warmup_steps:  # from here on each patch steps its own copy of the scheduler
@@ -61,7 +61,7 @@ def pipefusion_denoise(recipe: Recipe, state: DenoiseState, pipefusion, sequence
             for p, (row0, row1) in enumerate(items(i)):
                 view = recipe.patch_view(state, latents, row0, row1)
                 if pf.is_first and i > 0 and pf.num_stages > 1:
-                    pf.recv_latents(view, pf.num_stages - 1)
+                    pf.channel.recv_update(view, pf.num_stages - 1)
                 sequence_state.patch = (row0 * cols, row1 * cols)
                 preds = {}
                 for branch in local:
@@ -86,15 +86,15 @@ def pipefusion_denoise(recipe: Recipe, state: DenoiseState, pipefusion, sequence
                 if pf.num_stages > 1 and i + 1 < steps:
                     # in the pieces stage 0 will read them next step
                     for q0, q1 in (items(i + 1) if i < warmup_steps else [(row0, row1)]):
-                        pf.send_latents(recipe.patch_view(state, latents, q0, q1),
-                                        recipe.patch_view(state, before, q0, q1), 0)
+                        pf.channel.send_update(recipe.patch_view(state, latents, q0, q1),
+                                               recipe.patch_view(state, before, q0, q1), 0)
     finally:
         sequence_state.patch = None
-    pf.finish()
+    pf.channel.finish()
     if cancelled_at is not None:
         raise GenerationCancelled(cancelled_at)
     if pf.num_stages > 1:
-        latents = pf.broadcast_from_last(latents.contiguous())
+        latents = pf.channel.broadcast_from(latents.contiguous(), pf.num_stages - 1)
     return latents
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.distributed as dist
 
-from ..distributed.comm import comm_stats
+from ..distributed.comm import all_gather, group_rank, group_size
 from ..errors import ConfigError
 from .memory import track_peak_memory
 from .patch_parallel import decode_bands, plan_bands
@@ -33,7 +32,7 @@ def _no_builtin_tiling(vae):
             vae.use_tiling = saved
 
 
-def _check_same_call(latents: torch.Tensor, settings: VaeDecodeSettings, group: dist.ProcessGroup) -> None:
+def _check_same_call(latents: torch.Tensor, settings: VaeDecodeSettings, group) -> None:
     """Fails on every rank, naming the odd ones, if ranks disagree on the latents or settings.
 
     Compares shapes, settings and two checksums of the latent values (a plain and a
@@ -49,9 +48,7 @@ def _check_same_call(latents: torch.Tensor, settings: VaeDecodeSettings, group: 
                         dtype=torch.float64, device=flat.device)   # on the latents' device: NCCL needs it there
     mine[-2:] = torch.stack([flat.sum(), (flat * position).sum()])
     scale = float(flat.abs().sum()) + 1.0
-    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    comm_stats.add("vae_check_all_gather", mine.numel() * mine.element_size() * (len(everyone) - 1))
-    dist.all_gather(everyone, mine, group=group)
+    everyone = all_gather(mine, group, "vae_check_all_gather")
     odd = [r for r, t in enumerate(everyone)
            if not torch.equal(t[:-2], everyone[0][:-2]) or (t[-2:] - everyone[0][-2:]).abs().max() > 1e-9 * scale]
     if odd:
@@ -64,7 +61,7 @@ def _check_same_call(latents: torch.Tensor, settings: VaeDecodeSettings, group: 
 
 
 def decode(vae, latents: torch.Tensor, settings: VaeDecodeSettings | None = None,
-           group: dist.ProcessGroup | None = None) -> torch.Tensor:
+           group=None) -> torch.Tensor:
     """Same result as vae.decode(latents, return_dict=False)[0] (exact for parallel-only; approximate when tiled).
 
     latents: [B, C, h, w] already scaled/shifted as the pipeline would pass to vae.decode
@@ -81,9 +78,9 @@ def decode(vae, latents: torch.Tensor, settings: VaeDecodeSettings | None = None
         raise ConfigError(f"latents must be [B, C, h, w]; got shape {tuple(latents.shape)}.")
     scale = upsampling_factor(vae)
     settings.validate(scale)
-    world = dist.get_world_size(group) if group is not None and dist.is_initialized() else 1
+    world = group_size(group)
     shared = settings.parallel and world > 1
-    rank = dist.get_rank(group) if shared else 0
+    rank = group_rank(group) if shared else 0
     if shared:
         _check_same_call(latents, settings, group)
     _, _, h, w = latents.shape

@@ -24,12 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from diffusers.models.attention_processor import Attention
 from diffusers.models.upsampling import Upsample2D
+from torch.distributed import ProcessGroup
 
-from ..distributed.comm import all_gather_uneven, comm_stats, split_sizes
+from ..distributed.comm import (all_gather_uneven, all_reduce, exchange_with_neighbours, group_rank, group_size,
+                               split_sizes)
 from ..errors import ConfigError
 
 # Containers only hold modules (walked into); an empty one computes nothing. The mid block
@@ -43,7 +44,7 @@ _ROW_LOCAL = (nn.SiLU, nn.ReLU, nn.GELU, nn.Mish, nn.Tanh, nn.Sigmoid, nn.Identi
 class BandPlan:
     """Which latent rows each rank of the group decodes."""
 
-    group: dist.ProcessGroup
+    group: ProcessGroup
     rank: int                # index in the group
     sizes: list[int]         # latent rows per rank (split_sizes: first ones one longer)
     latent_height: int
@@ -63,34 +64,15 @@ class BandPlan:
             raise RuntimeError(f"height {height} is not a multiple of the latent height {self.latent_height}")
         return [s * scale for s in self.sizes]
 
-    def global_rank(self, group_rank: int) -> int:
-        return dist.get_global_rank(self.group, group_rank)
-
 
 def _exchange_halos(x: torch.Tensor, p: int, plan: BandPlan) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Returns (p rows of the rank above, p rows of the rank below); None at the image border.
 
     NOTE: every rank of plan.group must call this for the same conv, in the same order.
-    Receives are posted before sends so gloo (whose sends wait for the receive) cannot deadlock.
     """
-    me = plan.rank
-    shape = list(x.shape)
-    shape[2] = p
-    top = x.new_empty(shape) if me > 0 else None
-    bottom = x.new_empty(shape) if me < plan.world - 1 else None
-    recvs, sends = [], []
-    if top is not None:
-        up = plan.global_rank(me - 1)
-        recvs.append(dist.P2POp(dist.irecv, top, up, plan.group))
-        sends.append(dist.P2POp(dist.isend, x[:, :, :p].contiguous(), up, plan.group))
-    if bottom is not None:
-        down = plan.global_rank(me + 1)
-        recvs.append(dist.P2POp(dist.irecv, bottom, down, plan.group))
-        sends.append(dist.P2POp(dist.isend, x[:, :, -p:].contiguous(), down, plan.group))
-    comm_stats.add("vae_halo_p2p", sum(op.tensor.numel() * op.tensor.element_size() for op in sends))
-    for req in dist.batch_isend_irecv(recvs + sends):
-        req.wait()
-    return top, bottom
+    first, last = plan.rank == 0, plan.rank == plan.world - 1
+    return exchange_with_neighbours(None if first else x[:, :, :p], None if last else x[:, :, -p:],  # [B, C, p, W]
+                                    plan.group, "vae_halo_p2p")
 
 
 def _group_norm(module: nn.GroupNorm, plan: BandPlan):
@@ -112,16 +94,14 @@ def _group_norm(module: nn.GroupNorm, plan: BandPlan):
         chunks = [slice(k, min(k + max(1, g // 8), g)) for k in range(0, g, max(1, g // 8))]
         sums = torch.cat([xg[:, gs].to(calc).sum(dim=(2, 3), dtype=torch.float64) for gs in chunks], 1)
         stats = torch.cat([sums.reshape(-1), sums.new_tensor([xg[0, 0].numel()])])  # [B*G sums, count]
-        comm_stats.add("vae_groupnorm_all_reduce", stats.numel() * stats.element_size())
-        dist.all_reduce(stats, group=plan.group)
+        all_reduce(stats, plan.group, "vae_groupnorm_all_reduce")
         count = stats[-1]
         mean = (stats[:-1] / count).reshape(b, g, 1, 1).to(calc)       # [B, G, 1, 1]
         ssd = torch.cat([
             torch.linalg.vector_norm(xg[:, gs].to(calc) - mean[:, gs], dim=(2, 3)).double().square()
             for gs in chunks
         ], 1).reshape(-1)                                               # [B*G]
-        comm_stats.add("vae_groupnorm_all_reduce", ssd.numel() * ssd.element_size())
-        dist.all_reduce(ssd, group=plan.group)
+        all_reduce(ssd, plan.group, "vae_groupnorm_all_reduce")
         rstd = torch.rsqrt(ssd / count + module.eps).reshape(b, g, 1, 1).to(calc)   # biased var, as nn.GroupNorm
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)    # contiguous: og is a view
         og = out.reshape(b, g, c // g, -1)
@@ -253,12 +233,12 @@ class BandHooks:
             norm.__dict__.pop("forward", None)
 
 
-def plan_bands(latent_height: int, group: dist.ProcessGroup) -> BandPlan | None:
+def plan_bands(latent_height: int, group: ProcessGroup) -> BandPlan | None:
     """Row bands for this group; None when there are fewer latent rows than ranks (decode whole)."""
-    world = dist.get_world_size(group)
+    world = group_size(group)
     if latent_height < world:
         return None
-    return BandPlan(group, dist.get_rank(group), split_sizes(latent_height, world), latent_height)
+    return BandPlan(group, group_rank(group), split_sizes(latent_height, world), latent_height)
 
 
 def decode_bands(vae, latents: torch.Tensor, plan: BandPlan) -> torch.Tensor:

@@ -17,9 +17,8 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 
-from ..distributed.comm import comm_stats
+from ..distributed.comm import all_reduce, group_rank, group_size
 
 
 def tile_starts(length: int, tile: int | None, overlap: int) -> list[int]:
@@ -46,7 +45,7 @@ def axis_weights(starts: list[int], tile: int, scale: int) -> list[torch.Tensor]
 
 
 def tiled_decode(decode_tile, latents: torch.Tensor, scale: int, out_channels: int, tile_h: int | None,
-                 tile_w: int | None, overlap: int, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+                 tile_w: int | None, overlap: int, group=None) -> torch.Tensor:
     """decode_tile(latent tile) -> image tile; tile sizes and overlap in latent units (None: whole axis).
 
     NOTE: with a group, every rank of it must call this with the same latents (one all_reduce).
@@ -55,8 +54,7 @@ def tiled_decode(decode_tile, latents: torch.Tensor, scale: int, out_channels: i
     th, tw = min(tile_h or h, h), min(tile_w or w, w)
     ys, xs = tile_starts(h, th, overlap), tile_starts(w, tw, overlap)
     wy, wx = axis_weights(ys, th, scale), axis_weights(xs, tw, scale)
-    world = dist.get_world_size(group) if group is not None else 1
-    me = dist.get_rank(group) if group is not None else 0
+    world, me = group_size(group), group_rank(group)
     tiles = [(i, j) for i in range(len(ys)) for j in range(len(xs))]
     image = None
     for k, (i, j) in enumerate(tiles):
@@ -73,8 +71,7 @@ def tiled_decode(decode_tile, latents: torch.Tensor, scale: int, out_channels: i
         if image is None:  # fewer tiles than ranks: this rank only contributes zeros
             image = latents.new_zeros(b, out_channels, h * scale, w * scale)
         # NOTE: every rank of the group joins this all_reduce.
-        comm_stats.add("vae_tiles_all_reduce", image.numel() * image.element_size() * 2 * (world - 1) // world)
-        dist.all_reduce(image, group=group)
+        all_reduce(image, group, "vae_tiles_all_reduce")
     total_y = torch.zeros(h * scale, dtype=torch.float64)
     for i, y in enumerate(ys):
         total_y[y * scale:(y + th) * scale] += wy[i]
