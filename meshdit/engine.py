@@ -7,18 +7,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
-from .config import GenerateRequest, ParallelConfig
-from .distributed.comm import all_gather_uneven, all_reduce, split_sizes
-from .distributed.mesh import ParallelMesh
+from .config import GenerateRequest
+from .distributed.mesh import ParallelMesh, SingleProcessMesh
 from .models.info import ModelInfo
 from .parallel.parallelize import parallelize
 from .pipelines.batching import concat_states
-from .pipelines.loop import denoise
-from .pipelines.pipefusion_loop import pipefusion_denoise
 from .vae import VaeDecodeSettings
-from .vae import decode as vae_decode
 
 
 @dataclass
@@ -28,22 +23,21 @@ class GenerateResult:
 
 
 class Engine:
-    """Runs a diffusers pipeline through meshdit's loop, over `mesh` when given.
+    """Runs a diffusers pipeline through meshdit's loop, over `mesh` (a one-rank mesh when none is given).
 
-    NOTE: with a mesh, every rank of the mesh must call generate() with the same
+    NOTE: with a mesh of several ranks, every rank must call generate() with the same
     request: the ranks cooperate on each transformer call.
     """
 
     def __init__(self, pipe, mesh: ParallelMesh | None = None, vae: VaeDecodeSettings | None = None, fp8=None) -> None:
         self.pipe = pipe
-        self.mesh = mesh
+        self.mesh = mesh if mesh is not None else SingleProcessMesh(pipe.transformer.device)
         self.vae = vae or VaeDecodeSettings()
         self.vae.validate()
         self.info = ModelInfo.from_pipeline(pipe)
         self.recipe = self.info.family.recipe_class()(pipe)
-        if mesh is not None:
-            self.info.check_layout(mesh.config)  # the CLI's ConfigError, before any hook is installed
-        self._parallel = parallelize(pipe, self.info.family, mesh, fp8) if mesh is not None or fp8 else None
+        self.info.check_layout(self.mesh.config)  # the CLI's ConfigError, before any hook is installed
+        self._parallel = parallelize(pipe, self.info.family, self.mesh, fp8)
 
     @classmethod
     def from_pretrained(cls, model: str | None = None, mesh: ParallelMesh | None = None, torch_dtype=None,
@@ -69,8 +63,7 @@ class Engine:
 
     def check(self, request: GenerateRequest) -> None:
         """Raises ConfigError if this request cannot run on this layout (or at all)."""
-        config = self.mesh.config if self.mesh is not None else ParallelConfig()
-        self.info.check_request(config, request)
+        self.info.check_request(self.mesh.config, request)
 
     @torch.inference_mode()
     def generate(self, request: GenerateRequest, output_type: str = "np", show_progress: bool = False,
@@ -84,73 +77,30 @@ class Engine:
                       on_step=None) -> list[GenerateResult]:
         """Requests with the same size, steps and guidance run as one batch (split over dp); each request's
         images are its own seed's, as if it ran alone. One result per request."""
+        if self._parallel is None:
+            raise RuntimeError("this Engine was closed; make a new one to generate")
         requests = [self.resolve(r) for r in requests]
         # The data-parallel split needs enough images in the whole batch, not in each request.
         total = sum(len(r.prompts) * r.num_images_per_prompt for r in requests)
-        config = self.mesh.config if self.mesh is not None else ParallelConfig()
         for request in requests:
-            self.info.check_request(config, request, num_images=total)
-        seconds = {}
-        start = time.perf_counter()
+            self.info.check_request(self.mesh.config, request, num_images=total)
+        parallel, seconds, start = self._parallel, {}, time.perf_counter()
         # Noise is drawn on the CPU from the seed, so every rank and every layout starts from the same latents.
         states = [self.recipe.prepare(r, torch.Generator("cpu").manual_seed(r.seed), self.pipe._execution_device)
                   for r in requests]
         counts = [s.batch_size for s in states]
-        state = self._data_parallel_share(concat_states(self.recipe, states))
+        state = parallel.share(self.recipe, concat_states(self.recipe, states))
         seconds["prepare"] = time.perf_counter() - start
-        cfg_group = self.mesh.group("cfg") if self.mesh is not None else None
-        agreed = self._agreed(on_step)
-        if self._parallel is not None and self._parallel.pipefusion is not None:
-            config = self.mesh.config
-            latents = pipefusion_denoise(self.recipe, state, self._parallel.pipefusion, self._parallel.sequence_state,
-                                         cfg_group, config.warmup_steps, config.patches, show_progress, agreed)
-        else:
-            latents = denoise(self.recipe, state, cfg_group, show_progress, agreed)
+        latents = parallel.denoise(self.recipe, state, show_progress,
+                                   parallel.agreed(on_step, self.pipe._execution_device))
         seconds["denoise"] = time.perf_counter() - start - seconds["prepare"]
-        vae_input = self.recipe.decode_latents(state, latents)
-        image_group = self.mesh.group("image") if self.mesh is not None else None
-        image = vae_decode(self.pipe.vae, vae_input, self.vae, image_group)  # [B, 3, H, W] in [-1, 1]
-        image = self._gather_data_parallel(image, sum(counts))
+        image = parallel.decode(self.pipe.vae, self.recipe.decode_latents(state, latents), self.vae)  # [B, 3, H, W]
+        image = parallel.gather(image, sum(counts))  # every rank: all images of the batch, in [-1, 1]
         images = self.pipe.image_processor.postprocess(image, output_type=output_type)
         seconds["decode"] = time.perf_counter() - start - seconds["prepare"] - seconds["denoise"]
         seconds["total"] = time.perf_counter() - start
         offsets = np.cumsum([0] + counts)
         return [GenerateResult(images[a:b], dict(seconds)) for a, b in zip(offsets[:-1], offsets[1:])]
-
-    def _agreed(self, on_step):
-        """on_step, made collective: an all-reduce(MAX) of the stop flag, so all ranks stop at the same step."""
-        if on_step is None:
-            return None
-
-        def stop(step: int, total: int) -> bool:
-            flag = torch.tensor([1 if on_step(step, total) else 0], device=self.pipe._execution_device)
-            if self.mesh is not None:
-                all_reduce(flag, dist.group.WORLD, "step_flag_all_reduce", op="max")
-            return bool(flag.item())
-
-        return stop
-
-    def _data_parallel_share(self, state):
-        """Every rank drew the whole batch's noise from the seed; a data-parallel group keeps its images.
-
-        So image i starts from the same noise whatever the layout, and the images
-        match a one-process run of the same request.
-        """
-        if self.mesh is None or self.mesh.size("dp") == 1:
-            return state
-        sizes = split_sizes(state.batch_size, self.mesh.size("dp"))
-        start = sum(sizes[: self.mesh.local_rank("dp")])
-        return self.recipe.slice_batch(state, start, start + sizes[self.mesh.local_rank("dp")])
-
-    def _gather_data_parallel(self, image: torch.Tensor, batch_size: int) -> torch.Tensor:
-        """Every rank gets all decoded images [N, 3, H, W], in request order, from its share [N_dp, 3, H, W].
-
-        NOTE: all ranks of the dp axis join this gather.
-        """
-        if self.mesh is None or self.mesh.size("dp") == 1:
-            return image
-        sizes = split_sizes(batch_size, self.mesh.size("dp"))  # the shares _data_parallel_share kept
-        return all_gather_uneven(image, 0, sizes, self.mesh.group("dp"), "dp_all_gather")
 
     def close(self) -> None:
         """Removes the parallel hooks. Under PipeFusion the other stages' blocks are gone for good."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -87,6 +87,34 @@ class ParallelMesh:
         return self._axis(axis).get_local_rank()
 
     @property
+    def world_group(self) -> dist.ProcessGroup:
+        """Every rank of the mesh (the mesh covers the whole world)."""
+        return dist.group.WORLD
+
+    @property
     def is_output_rank(self) -> bool:
         """The rank that writes images and prints: global rank 0."""
         return dist.get_rank() == 0
+
+
+@dataclass
+class SingleProcessMesh:
+    """The mesh of an engine given none: one process, every axis of size 1, no process group needed.
+
+    Its groups are None, which meshdit.distributed.comm reads as "this process alone":
+    the same code paths run, and nothing is sent.
+    """
+
+    device: torch.device
+    config: ParallelConfig = field(default_factory=ParallelConfig)
+    world_group = None
+    is_output_rank = True
+
+    def group(self, axis: str) -> None:
+        return None
+
+    def size(self, axis: str) -> int:
+        return 1
+
+    def local_rank(self, axis: str) -> int:
+        return 0

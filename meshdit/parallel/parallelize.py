@@ -1,51 +1,37 @@
 """The one place that combines strategies, in a fixed order."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from ..distributed.mesh import ParallelMesh
+from ..distributed.mesh import ParallelMesh, SingleProcessMesh
 from ..models.registry import ModelFamily
+from .parallelized import Parallelized
 from .pipefusion import PipeFusion
 from .sequence import apply_attention_backend, apply_sequence_parallel
 
 
-@dataclass
-class Parallelized:
-    """What parallelize() installed: hooks to remove, and the PipeFusion runtime if any."""
-
-    handles: list = field(default_factory=list)
-    pipefusion: PipeFusion | None = None
-    sequence_state: object = None
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
-
-
-def parallelize(pipe, family: ModelFamily, mesh: ParallelMesh | None, fp8=None) -> Parallelized:
+def parallelize(pipe, family: ModelFamily, mesh: ParallelMesh | SingleProcessMesh, fp8=None) -> Parallelized:
     """Applies every strategy the mesh asks for, and the FP8 options of `fp8` (an Fp8Config), to `pipe`.
 
     Combinations that cannot run exactly were refused by validation before any
-    rank started, so this only applies. CFG and data parallelism need no hooks:
-    the denoising loop and the engine split their work. With fp8 None or all
-    off, nothing FP8 is installed: the computation is the exact one.
+    rank started, so this only applies. CFG and data parallelism (parallel/cfg.py,
+    parallel/data.py) need no hooks: the returned object splits their work when the
+    engine drives it. With fp8 None or all off, nothing FP8 is installed: the
+    computation is the exact one.
     """
     from ..quant import runtime
 
-    done = Parallelized()
-    config = mesh.config if mesh is not None else None
-    device = mesh.device if mesh is not None else pipe.transformer.device
+    done = Parallelized(mesh)
+    config = mesh.config
+    device = mesh.device
     backend = runtime.attention_backend(fp8, device)
     if backend is not None:  # attention no sequence-parallel hook routes (serial, cross-attention)
         done.handles += apply_attention_backend(pipe.transformer, backend)
-    if config is not None and (config.sp_degree > 1 or config.pipefusion_parallel_degree > 1):
+    if config.sp_degree > 1 or config.pipefusion_parallel_degree > 1:
         # PipeFusion reuses the sequence hooks to cut the image stream into patches
         states: list = []
         done.handles += apply_sequence_parallel(pipe.transformer, family.plan(), mesh, states, backend,
                                                 runtime.wire_codecs(fp8, device))
         done.sequence_state = states[0]
-    if config is not None and config.pipefusion_parallel_degree > 1:
+    if config.pipefusion_parallel_degree > 1:
         done.pipefusion = PipeFusion(pipe.transformer, family.pipeline_plan(), mesh, done.sequence_state,
                                      runtime.pipe_codec_for(fp8, device))
         done.handles += done.pipefusion.handles

@@ -6,7 +6,7 @@ import os
 import torch
 from tqdm.auto import tqdm
 
-from ..distributed.comm import all_gather, group_rank, group_size
+from ..parallel.cfg import exchange_branches, local_branches
 from .recipe import DenoiseState, Recipe
 
 
@@ -36,26 +36,10 @@ def denoise(recipe: Recipe, state: DenoiseState, cfg_group=None,
             raise GenerationCancelled(i)
         preds = recipe.predict(state, latents, t, local)
         if cfg_size > 1:
-            preds = _exchange_branches(preds[local[0]], branches, cfg_group)
+            preds = exchange_branches(preds[local[0]], branches, cfg_group)
         noise_pred = recipe.guide(state, preds)
         latents = recipe.step(state, noise_pred, t, latents)
     return latents
-
-
-def local_branches(state: DenoiseState, cfg_group) -> tuple[list[str], list[str], int]:
-    """(all guidance branches, the ones this rank computes, the CFG group size)."""
-    branches = state.branch_names
-    cfg_size = group_size(cfg_group)
-    if cfg_size > 1 and len(branches) != cfg_size:
-        raise RuntimeError(f"CFG parallel over {cfg_size} ranks needs {cfg_size} guidance branches, "
-                           f"this generation has {branches}")
-    local = [branches[group_rank(cfg_group)]] if cfg_size > 1 else branches
-    return branches, local, cfg_size
-
-
-def _exchange_branches(pred: torch.Tensor, branches: list[str], group) -> dict:
-    """{branch: its prediction}: each rank of the CFG group contributes its own branch's."""
-    return dict(zip(branches, all_gather(pred, group)))
 
 
 def _injected_failure() -> int | None:

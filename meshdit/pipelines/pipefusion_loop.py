@@ -14,7 +14,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..distributed.comm import split_sizes
-from .loop import GenerationCancelled, _exchange_branches, _injected_failure, local_branches
+from ..parallel.cfg import exchange_branches, local_branches
+from .loop import GenerationCancelled, _injected_failure
 from .recipe import DenoiseState, Recipe
 
 
@@ -70,7 +71,7 @@ def pipefusion_denoise(recipe: Recipe, state: DenoiseState, pipefusion, sequence
                 if not pf.is_last:
                     continue
                 if cfg_size > 1:
-                    preds = _exchange_branches(preds[local[0]], branches, cfg_group)
+                    preds = exchange_branches(preds[local[0]], branches, cfg_group)
                 noise_pred = recipe.guide(state, preds)
                 before = latents.clone()  # what stage 0 holds until the hand-back
                 if i < warmup_steps:

@@ -1,0 +1,62 @@
+"""Parallelized: what parallelize() installed on a pipeline, and the one object the engine drives.
+
+The engine calls, in order: share() (data parallelism keeps this rank's images),
+denoise() (the serial / CFG-parallel loop or the PipeFusion loop, on the hooked
+transformer), decode() (the VAE over the image group), gather() (data parallelism
+hands every rank all images). With a one-rank mesh each of them is the plain
+single-process step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..distributed.comm import all_reduce
+from ..pipelines.loop import denoise
+from ..pipelines.pipefusion_loop import pipefusion_denoise
+from ..vae import decode
+from . import data
+
+
+@dataclass
+class Parallelized:
+    mesh: object  # ParallelMesh, or SingleProcessMesh for one process
+    handles: list = field(default_factory=list)
+    pipefusion: object = None  # parallel.pipefusion.PipeFusion when pp > 1
+    sequence_state: object = None  # the sequence hooks' state (PipeFusion sets its patch window)
+
+    def share(self, recipe, state):
+        return data.share(recipe, state, self.mesh)
+
+    def denoise(self, recipe, state, show_progress: bool = False, on_step=None) -> torch.Tensor:
+        """The final latents of this rank's share. NOTE: every rank of the mesh calls it with its share."""
+        cfg_group = self.mesh.group("cfg")
+        if self.pipefusion is None:
+            return denoise(recipe, state, cfg_group, show_progress, on_step)
+        config = self.mesh.config
+        return pipefusion_denoise(recipe, state, self.pipefusion, self.sequence_state, cfg_group,
+                                  config.warmup_steps, config.patches, show_progress, on_step)
+
+    def decode(self, vae, latents: torch.Tensor, settings) -> torch.Tensor:
+        """vae.decode of the latents, shared over the ranks that make the same images (settings permitting)."""
+        return decode(vae, latents, settings, self.mesh.group("image"))
+
+    def gather(self, image: torch.Tensor, batch_size: int) -> torch.Tensor:
+        return data.gather(image, batch_size, self.mesh)
+
+    def agreed(self, on_step, device):
+        """on_step, made collective: an all-reduce (MAX) of its stop flag, so every rank stops at the same step."""
+        if on_step is None:
+            return None
+
+        def stop(step: int, total: int) -> bool:
+            flag = torch.tensor([1 if on_step(step, total) else 0], device=device)
+            return bool(all_reduce(flag, self.mesh.world_group, "step_flag_all_reduce", op="max").item())
+
+        return stop
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
