@@ -27,10 +27,6 @@ class SequenceGroups:
     ring_group: ProcessGroup
     ring_size: int
 
-    @property
-    def size(self) -> int:
-        return self.ulysses_size * self.ring_size
-
 
 @dataclass(frozen=True)
 class WireCodecs:
@@ -64,20 +60,43 @@ def usp_attention(
     `lse_attention` the one that also returns the LSE (ring); `codecs` encode the wire.
     NOTE: every SP rank must call this for the same layer with the same seq_lens.
     """
-    u, r = groups.ulysses_size, groups.ring_size
+    layout = UspLayout.of(groups, seq_lens)
     num_heads = q.shape[1]
-    # Lengths of the Ulysses groups' runs, and of this rank's own group members.
-    ring_me = group_rank(groups.ring_group) if r > 1 else 0
-    run_lens = [sum(seq_lens[g * u:(g + 1) * u]) for g in range(r)]
-    member_lens = seq_lens[ring_me * u:(ring_me + 1) * u]
-    if u > 1:
-        q, k, v = (seq_to_heads(t, groups.ulysses_group, member_lens, c)
-                   for t, c in ((q, codecs.q), (k, codecs.k), (v, codecs.v)))
-    # q, k, v: [B, H/U, run_lens[ring_me], D]
-    if r > 1:
-        out = ring_attention(q, k, v, groups.ring_group, run_lens, scale, codecs.ring, lse_attention)
+    q, k, v = ulysses_in(q, k, v, groups, layout, codecs)  # [B, H/U, run_lens[ring_me], D]
+    if groups.ring_size > 1:
+        out = ring_attention(q, k, v, groups.ring_group, layout.run_lens, scale, codecs.ring, lse_attention)
     else:
         out = local_attention(q, k, v, scale)
-    if u > 1:
-        out = heads_to_seq(out, groups.ulysses_group, member_lens, num_heads, codecs.out)
-    return out  # [B, H, seq_lens[sp_rank], D]
+    return ulysses_out(out, groups, layout, num_heads, codecs)  # [B, H, seq_lens[sp_rank], D]
+
+
+@dataclass(frozen=True)
+class UspLayout:
+    """Where the tokens are: SP rank j = ring index * U + Ulysses index holds seq_lens[j]."""
+
+    member_lens: list[int]
+    """Tokens of each rank of this rank's Ulysses group (what its all-to-all concatenates)."""
+    run_lens: list[int]
+    """Per ring index: the tokens its Ulysses group holds (the run a ring rank passes on)."""
+
+    @classmethod
+    def of(cls, groups: SequenceGroups, seq_lens: list[int]) -> "UspLayout":
+        u, r = groups.ulysses_size, groups.ring_size
+        ring_me = group_rank(groups.ring_group) if r > 1 else 0
+        return cls(seq_lens[ring_me * u:(ring_me + 1) * u], [sum(seq_lens[g * u:(g + 1) * u]) for g in range(r)])
+
+
+def ulysses_in(q, k, v, groups: SequenceGroups, layout: UspLayout, codecs: WireCodecs = EXACT):
+    """[B, H, S_me, D] each -> [B, H/U, run of my Ulysses group, D] each (unchanged when U = 1)."""
+    if groups.ulysses_size == 1:
+        return q, k, v
+    return tuple(seq_to_heads(t, groups.ulysses_group, layout.member_lens, c)
+                 for t, c in ((q, codecs.q), (k, codecs.k), (v, codecs.v)))
+
+
+def ulysses_out(out: torch.Tensor, groups: SequenceGroups, layout: UspLayout, num_heads: int,
+                codecs: WireCodecs = EXACT) -> torch.Tensor:
+    """Inverse of ulysses_in for the attention output: [B, H/U, run, D] -> [B, H, S_me, D]."""
+    if groups.ulysses_size == 1:
+        return out
+    return heads_to_seq(out, groups.ulysses_group, layout.member_lens, num_heads, codecs.out)

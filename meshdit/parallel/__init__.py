@@ -1,1 +1,2 @@
-"""Parallel strategies, each applied by an apply_<x> function; parallelize.py combines them."""
+"""Parallel strategies: sequence.py and pipefusion.py install hooks (apply_sequence_parallel, PipeFusion);
+cfg.py and data.py split work without hooks; parallelize.py combines them all into one Parallelized."""

@@ -27,10 +27,9 @@ def parallelize(pipe, family: ModelFamily, mesh: ParallelMesh | SingleProcessMes
         done.handles += apply_attention_backend(pipe.transformer, backend)
     if config.sp_degree > 1 or config.pipefusion_parallel_degree > 1:
         # PipeFusion reuses the sequence hooks to cut the image stream into patches
-        states: list = []
-        done.handles += apply_sequence_parallel(pipe.transformer, family.plan(), mesh, states, backend,
-                                                runtime.wire_codecs(fp8, device))
-        done.sequence_state = states[0]
+        done.sequence_state, handles = apply_sequence_parallel(pipe.transformer, family.plan(), mesh, backend,
+                                                               runtime.wire_codecs(fp8, device))
+        done.handles += handles
     if config.pipefusion_parallel_degree > 1:
         done.pipefusion = PipeFusion(pipe.transformer, family.pipeline_plan(), mesh, done.sequence_state,
                                      runtime.pipe_codec_for(fp8, device))

@@ -3,9 +3,8 @@
 Each rank keeps only its stage's blocks (the others become SkipBlocks that pass
 activations through) and runs the unmodified model forward for one patch at a
 time; hooks at the stage boundaries receive the previous stage's activations and
-send this stage's on. Every attention layer keeps a full-sequence K/V buffer per
-guidance branch: a patch refreshes its own slice and attends to the rest as last
-computed (this step for earlier patches, the previous step for later ones).
+send this stage's on. Attention reads stale K/V (attention/stale_kv.py): a patch
+refreshes its own slice and attends to the rest as last computed.
 Stage traffic goes through a comm.PipeChannel (its sends do not block, so the
 cycle in which the last stage hands stepped latents back to stage 0 cannot deadlock).
 """
@@ -13,11 +12,10 @@ from __future__ import annotations
 
 import inspect
 
-import torch
 from torch import nn
 
-from ..attention.ulysses import heads_to_seq, seq_to_heads
-from ..distributed.comm import PipeChannel, all_gather_uneven, group_rank
+from ..attention.stale_kv import StaleKV
+from ..distributed.comm import PipeChannel
 from ..distributed.mesh import ParallelMesh
 from .plan import BlockList, PipelinePlan
 
@@ -35,68 +33,6 @@ class SkipBlock(nn.Module):
         if isinstance(self.spec.returns, str):
             return named[self.spec.returns]
         return tuple(named[name] for name in self.spec.returns)
-
-
-class StaleKV:
-    """Full-sequence K/V per attention layer and guidance branch, refreshed patch by patch."""
-
-    def __init__(self, state) -> None:
-        self.state = state  # the sequence hooks' state: patch, stream lengths, SP groups
-        self.branch: str | None = None
-        self.buffers: dict = {}
-
-    def reset(self) -> None:
-        self.buffers.clear()
-
-    def attention(self, active, q, k, v, scale):
-        """q, k, v: [B, H, S_local, D] for this rank's tokens of the patch -> [B, H, S_local, D]."""
-        state = self.state
-        codecs = state.codecs
-        streams = active.streams
-        lens = {s: state.lens(s) for s in streams}  # per SP rank
-        per_rank = [sum(lens[s][r] for s in streams) for r in range(state.sp_size)]
-        num_heads = q.shape[1]
-        groups = state.groups
-        u = groups.ulysses_size
-        ulysses = groups.ulysses_group if u > 1 else None
-        ring_me = group_rank(groups.ring_group) if groups.ring_size > 1 else 0
-        members = per_rank[ring_me * u:(ring_me + 1) * u]  # SP ranks of my Ulysses group
-        if ulysses is not None:  # my group's tokens for a head shard
-            q, k, v = (seq_to_heads(t, ulysses, members, c) for t, c in ((q, codecs.q), (k, codecs.k), (v, codecs.v)))
-        if groups.ring_size > 1:
-            # Every SP rank keeps the whole stale K/V: the ring ranks share the patch's fresh
-            # K/V (in SP rank order, as _by_stream expects); queries stay local.
-            runs = [sum(per_rank[g * u:(g + 1) * u]) for g in range(groups.ring_size)]
-            k, v = (all_gather_uneven(t, 2, runs, groups.ring_group) for t in (k, v))
-        buffers = self.buffers.setdefault((active.module_name, self.branch), {})
-        keys, values = [], []
-        for stream, (fresh_k, fresh_v) in _by_stream(k, v, streams, lens).items():
-            start = state.patch[0] if state.patch is not None and stream == state.PATCHED_STREAM else 0
-            if stream not in buffers:
-                shape = (*fresh_k.shape[:2], state.full_lens[stream], fresh_k.shape[-1])
-                buffers[stream] = (fresh_k.new_zeros(shape), fresh_v.new_zeros(shape))
-            buf_k, buf_v = buffers[stream]  # [B, H/U, S_stream, D]
-            buf_k.narrow(2, start, fresh_k.shape[2]).copy_(fresh_k)
-            buf_v.narrow(2, start, fresh_v.shape[2]).copy_(fresh_v)
-            keys.append(buf_k)
-            values.append(buf_v)
-        out = state.local_attention(q, torch.cat(keys, dim=2), torch.cat(values, dim=2), scale)
-        if ulysses is not None:
-            out = heads_to_seq(out, ulysses, members, num_heads, codecs.out)
-        return out
-
-
-def _by_stream(k, v, streams, lens):
-    """Gathered [rank0: s1 s2 | rank1: s1 s2 | ...] -> {stream: its tokens in order} for k and v."""
-    pieces = {s: ([], []) for s in streams}
-    offset = 0
-    for rank in range(len(next(iter(lens.values())))):
-        for s in streams:
-            n = lens[s][rank]
-            pieces[s][0].append(k.narrow(2, offset, n))
-            pieces[s][1].append(v.narrow(2, offset, n))
-            offset += n
-    return {s: (torch.cat(ks, dim=2), torch.cat(vs, dim=2)) for s, (ks, vs) in pieces.items()}
 
 
 class PipeFusion:

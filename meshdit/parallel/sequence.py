@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextvars
 import fnmatch
 import inspect
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -60,6 +61,15 @@ class _SequenceState:
         return attention_with_lse if self.backend is None else self.backend.with_lse
 
     PATCHED_STREAM = "img"
+
+    @contextmanager
+    def patch_window(self, start: int, stop: int):
+        """PipeFusion: forwards inside compute the image tokens [start, stop) only."""
+        self.patch = (start, stop)
+        try:
+            yield
+        finally:
+            self.patch = None
 
     def split(self, x: torch.Tensor, dim: int, stream: str) -> torch.Tensor:
         self.full_lens[stream] = x.shape[dim]
@@ -195,18 +205,16 @@ def _set_during_forward(module: torch.nn.Module, var: contextvars.ContextVar, va
 
 
 def apply_sequence_parallel(transformer: torch.nn.Module, plan: SequencePlan, mesh: ParallelMesh,
-                            state_out: list | None = None, backend=None, codecs: WireCodecs = EXACT) -> list:
-    """Hooks `plan` into `transformer`; returns the hook handles (remove() undoes it).
+                            backend=None, codecs: WireCodecs = EXACT) -> tuple[_SequenceState, list]:
+    """Hooks `plan` into `transformer`; returns (the hooks' state, the hook handles: remove() undoes it).
 
-    The hooks also serve PipeFusion, which cuts the image stream into patches:
-    `state_out`, when given, receives the shared state that PipeFusion drives.
+    The hooks also serve PipeFusion, which cuts the image stream into patches through
+    the state (`patch_window`) and reads stale K/V through it (`stale_kv`).
     `backend` (None: SDPA) computes attention, `codecs` encode what travels.
     """
     sp_group = mesh.group("sp")
     state = _SequenceState(sequence_groups(mesh), sp_group, group_rank(sp_group), group_size(sp_group),
                            backend=backend, codecs=codecs)
-    if state_out is not None:
-        state_out.append(state)
     modules = dict(transformer.named_modules())
     handles = [_install_sdpa_router()]
 
@@ -236,7 +244,7 @@ def apply_sequence_parallel(transformer: torch.nn.Module, plan: SequencePlan, me
         if streams == LOCAL:
             continue
         handles += _set_during_forward(module, _ACTIVE, _ActiveAttention(state, tuple(streams), name))
-    return handles
+    return state, handles
 
 
 def _is_attention(module: torch.nn.Module) -> bool:

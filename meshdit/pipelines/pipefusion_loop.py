@@ -44,53 +44,50 @@ def pipefusion_denoise(recipe: Recipe, state: DenoiseState, pipefusion, sequence
     patch_schedulers = None
     fail_at = _injected_failure()
     cancelled_at = None
-    try:
-        for i, t in enumerate(tqdm(state.timesteps, disable=not show_progress, desc="denoising", unit="step")):
-            if fail_at == i:
-                raise RuntimeError(f"failure injected at step {i} by MESHDIT_FAIL_AT_STEP")
-            if on_step is not None and on_step(i, steps):  # agreed by every rank (Engine)
-                if pf.is_first and i > 0 and pf.num_stages > 1:  # take the patches the last stage already sent
-                    for row0, row1 in items(i):
-                        shape = recipe.patch_view(state, latents, row0, row1).shape
-                        pf.channel.recv(torch.empty(shape, dtype=latents.dtype, device=latents.device),
-                                        pf.num_stages - 1)
-                cancelled_at = i
-                break
-            if i == warmup_steps:  # from here on each patch steps its own copy of the scheduler
-                patch_schedulers = [_patch_scheduler(main_scheduler, lambda x, p=p: recipe.patch_view(state, x, *p),
-                                                     latents.shape) for p in patches]
-            for p, (row0, row1) in enumerate(items(i)):
-                view = recipe.patch_view(state, latents, row0, row1)
-                if pf.is_first and i > 0 and pf.num_stages > 1:
-                    pf.channel.recv_update(view, pf.num_stages - 1)
-                sequence_state.patch = (row0 * cols, row1 * cols)
-                preds = {}
+    for i, t in enumerate(tqdm(state.timesteps, disable=not show_progress, desc="denoising", unit="step")):
+        if fail_at == i:
+            raise RuntimeError(f"failure injected at step {i} by MESHDIT_FAIL_AT_STEP")
+        if on_step is not None and on_step(i, steps):  # agreed by every rank (Engine)
+            if pf.is_first and i > 0 and pf.num_stages > 1:  # take the patches the last stage already sent
+                for row0, row1 in items(i):
+                    shape = recipe.patch_view(state, latents, row0, row1).shape
+                    pf.channel.recv(torch.empty(shape, dtype=latents.dtype, device=latents.device),
+                                    pf.num_stages - 1)
+            cancelled_at = i
+            break
+        if i == warmup_steps:  # from here on each patch steps its own copy of the scheduler
+            patch_schedulers = [_patch_scheduler(main_scheduler, lambda x, p=p: recipe.patch_view(state, x, *p),
+                                                 latents.shape) for p in patches]
+        for p, (row0, row1) in enumerate(items(i)):
+            view = recipe.patch_view(state, latents, row0, row1)
+            if pf.is_first and i > 0 and pf.num_stages > 1:
+                pf.channel.recv_update(view, pf.num_stages - 1)
+            preds = {}
+            with sequence_state.patch_window(row0 * cols, row1 * cols):
                 for branch in local:
-                    pf.stale_kv.branch = branch
-                    preds.update(recipe.predict(state, latents, t, [branch]))
-                if not pf.is_last:
-                    continue
-                if cfg_size > 1:
-                    preds = exchange_branches(preds[local[0]], branches, cfg_group)
-                noise_pred = recipe.guide(state, preds)
-                before = latents.clone()  # what stage 0 holds until the hand-back
-                if i < warmup_steps:
-                    latents = recipe.step(state, noise_pred, t, latents)
-                else:
-                    recipe.pipe.scheduler = patch_schedulers[p]
-                    try:
-                        stepped = recipe.step(state, recipe.patch_view(state, noise_pred, row0, row1), t,
-                                              view.clone())
-                    finally:
-                        recipe.pipe.scheduler = main_scheduler
-                    view.copy_(stepped)
-                if pf.num_stages > 1 and i + 1 < steps:
-                    # in the pieces stage 0 will read them next step
-                    for q0, q1 in (items(i + 1) if i < warmup_steps else [(row0, row1)]):
-                        pf.channel.send_update(recipe.patch_view(state, latents, q0, q1),
-                                               recipe.patch_view(state, before, q0, q1), 0)
-    finally:
-        sequence_state.patch = None
+                    with pf.stale_kv.for_branch(branch):
+                        preds.update(recipe.predict(state, latents, t, [branch]))
+            if not pf.is_last:
+                continue
+            if cfg_size > 1:
+                preds = exchange_branches(preds[local[0]], branches, cfg_group)
+            noise_pred = recipe.guide(state, preds)
+            before = latents.clone()  # what stage 0 holds until the hand-back
+            if i < warmup_steps:
+                latents = recipe.step(state, noise_pred, t, latents)
+            else:
+                recipe.pipe.scheduler = patch_schedulers[p]
+                try:
+                    stepped = recipe.step(state, recipe.patch_view(state, noise_pred, row0, row1), t,
+                                          view.clone())
+                finally:
+                    recipe.pipe.scheduler = main_scheduler
+                view.copy_(stepped)
+            if pf.num_stages > 1 and i + 1 < steps:
+                # in the pieces stage 0 will read them next step
+                for q0, q1 in (items(i + 1) if i < warmup_steps else [(row0, row1)]):
+                    pf.channel.send_update(recipe.patch_view(state, latents, q0, q1),
+                                           recipe.patch_view(state, before, q0, q1), 0)
     pf.channel.finish()
     if cancelled_at is not None:
         raise GenerationCancelled(cancelled_at)
