@@ -11,7 +11,7 @@ from torch import nn
 
 from .checkpoint import check_against, read_checkpoint
 from .skeleton import build_skeleton, expected_shapes, param_bytes, set_tensor
-from .transport import OnTensor, shared_tensors, streamed_tensors
+from .transport import OnTensor, shared_cast_tensors, shared_tensors, streamed_tensors
 
 
 @dataclass
@@ -34,19 +34,21 @@ def load_model(model_dir: str, name: str, device: torch.device, dtype: torch.dty
     entries = _agreed_entries(os.path.join(model_dir, name), transport, group)
     check_against(entries, expected_shapes(model))
     fp32_modules = getattr(model, "_keep_in_fp32_modules", None) or []
+
+    def target_of(entry) -> torch.dtype:
+        if not entry.dtype.is_floating_point:
+            return entry.dtype
+        return torch.float32 if any(m in entry.name.split(".") for m in fp32_modules) else dtype
+
     report = LoadReport()
-    if transport == "shared":
-        arrivals = ((e, t) for e, t in shared_tensors(entries, keep))
+    if transport == "shared" and device.type == "cpu" and any(target_of(e) != e.dtype for e in entries):
+        arrivals = shared_cast_tensors(entries, keep, target_of, group)  # one cast copy per host
+    elif transport == "shared":
+        arrivals = shared_tensors(entries, keep)
     else:
         arrivals = streamed_tensors(entries, keep, device, group)
     for entry, tensor in arrivals:
-        if not entry.dtype.is_floating_point:
-            target = entry.dtype
-        elif any(m in entry.name.split(".") for m in fp32_modules):
-            target = torch.float32
-        else:
-            target = dtype
-        tensor = tensor.to(device=device, dtype=target)  # no copy when the view already fits
+        tensor = tensor.to(device=device, dtype=target_of(entry))  # no copy when the view already fits
         if on_tensor is not None:
             tensor = on_tensor(entry.name, tensor)
         set_tensor(model, entry.name, tensor)

@@ -27,13 +27,14 @@ def _image(pipe, mesh):
         engine.close()
 
 
-def efficient_vs_plain(folder: str, degrees: dict, transport: str):
+def efficient_vs_plain(folder: str, degrees: dict, transport: str, dtype_name: str = "float32"):
     """(tensors differing from a plain from_pretrained load, max |image diff| efficient vs plain, load report)."""
     from diffusers import DiffusionPipeline
 
+    dtype = getattr(torch, dtype_name)
     mesh = mesh_for(ParallelConfig(**degrees))
-    lean = load_pipeline(folder, mesh.device, torch.float32, mesh, LoadOptions(transport=transport))
-    plain = DiffusionPipeline.from_pretrained(folder, dtype=torch.float32)
+    lean = load_pipeline(folder, mesh.device, dtype, mesh, LoadOptions(transport=transport))
+    plain = DiffusionPipeline.from_pretrained(folder, dtype=dtype)
     plain.set_progress_bar_config(disable=True)
     reference = plain.transformer.state_dict()
     loaded = lean.transformer.state_dict()
@@ -96,3 +97,15 @@ def single_process_image(folder: str):
     pipe = DiffusionPipeline.from_pretrained(folder, dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     return _image(pipe, None)
+
+
+def vae_bytes_and_image(folder: str, degrees: dict, parallel_vae: bool):
+    """(VAE parameter bytes this rank holds, image) from Engine.from_pretrained over `degrees`."""
+    from meshdit.vae import VaeDecodeSettings
+
+    mesh = mesh_for(ParallelConfig(**degrees))
+    engine = Engine.from_pretrained(folder, mesh, torch.float32, VaeDecodeSettings(parallel=parallel_vae))
+    try:
+        return param_bytes(engine.pipe.vae), engine.generate(request()).images
+    finally:
+        engine.close()

@@ -1,13 +1,18 @@
 """Memory-efficient replicated load: weights bit-identical to from_pretrained, images equal to plain-load images."""
+import glob
+
 import pytest
 
 from tests.loading import jobs
 
 
-@pytest.mark.parametrize("transport", ["shared", "broadcast"])
-def test_weights_and_images_equal_plain_load(run_ranks, flux_folder, transport):
+@pytest.mark.parametrize("transport, dtype", [("shared", "float32"), ("broadcast", "float32"),
+                                              ("shared", "bfloat16")])  # bf16 from the fp32 file: one shared cast
+def test_weights_and_images_equal_plain_load(run_ranks, flux_folder, transport, dtype):
+    left = set(glob.glob("/dev/shm/meshdit-weights-*"))
     for rank, (differing, diff, tensors) in enumerate(
-            run_ranks(2, jobs.efficient_vs_plain, flux_folder, dict(ulysses_degree=2), transport)):
+            run_ranks(2, jobs.efficient_vs_plain, flux_folder, dict(ulysses_degree=2), transport, dtype)):
         assert tensors > 0, f"rank {rank} loaded nothing"
         assert differing == [], f"rank {rank}: {differing[:5]}"
         assert diff == 0.0, f"rank {rank}"
+    assert set(glob.glob("/dev/shm/meshdit-weights-*")) == left, "the shared cast left a file behind"
