@@ -19,6 +19,7 @@ from .pipelines.loop import denoise
 from .pipelines.pipefusion_loop import pipefusion_denoise
 from .vae import VaeDecodeSettings
 from .vae import decode as vae_decode
+from .vae import decodes_here, share_images
 
 
 @dataclass
@@ -59,8 +60,9 @@ class Engine:
 
             model = str(weights_path())
         device = mesh.device if mesh is not None else torch.device("cpu")
+        vae_here = decodes_here(vae or VaeDecodeSettings(), mesh.group("image") if mesh is not None else None)
         with _progress_bars(show_progress):
-            pipe = load_pipeline(model, device, torch_dtype, mesh, loading)
+            pipe = load_pipeline(model, device, torch_dtype, mesh, loading, vae_here=vae_here)
         return cls(pipe, mesh, vae, fp8)
 
     def resolve(self, request: GenerateRequest) -> GenerateRequest:
@@ -107,10 +109,13 @@ class Engine:
         else:
             latents = denoise(self.recipe, state, cfg_group, show_progress, agreed)
         seconds["denoise"] = time.perf_counter() - start - seconds["prepare"]
-        vae_input = self.recipe.decode_latents(state, latents)
         image_group = self.mesh.group("image") if self.mesh is not None else None
-        image = vae_decode(self.pipe.vae, vae_input, self.vae, image_group)  # [B, 3, H, W] in [-1, 1]
-        images = self.pipe.image_processor.postprocess(image, output_type=output_type)
+        images = None
+        if decodes_here(self.vae, image_group):  # else this rank has no VAE weights: it gets the images
+            vae_input = self.recipe.decode_latents(state, latents)
+            image = vae_decode(self.pipe.vae, vae_input, self.vae, image_group)  # [B, 3, H, W] in [-1, 1]
+            images = self.pipe.image_processor.postprocess(image, output_type=output_type)
+        images = share_images(images, self.vae, image_group)
         images = self._gather_data_parallel(images)
         seconds["decode"] = time.perf_counter() - start - seconds["prepare"] - seconds["denoise"]
         seconds["total"] = time.perf_counter() - start

@@ -21,16 +21,17 @@ def local_folder(model: str) -> str:
 
 
 def load_pipeline_efficiently(model: str, device: torch.device, dtype: torch.dtype, mesh,
-                              options: LoadOptions, on_tensor=None):
+                              options: LoadOptions, on_tensor=None, vae_here: bool = True):
     """The pipeline with its transformer loaded from one shared or streamed copy of the weights.
 
     Under PipeFusion the transformer's other-stage blocks stay on the meta device (never
-    materialised); PipeFusion replaces them with pass-through blocks.
+    materialised); PipeFusion replaces them with pass-through blocks. Text encoders load on
+    the encoding rank only; the VAE only where vae_here (elsewhere: a skeleton on meta).
     """
     from diffusers import DiffusionPipeline
 
     from ..models.registry import family_for_transformer
-    from .skeleton import component_class
+    from .skeleton import build_skeleton, component_class
     from .stages import stage_keep
 
     folder = local_folder(model)
@@ -43,6 +44,8 @@ def load_pipeline_efficiently(model: str, device: torch.device, dtype: torch.dty
     encoders = text_encoder_names(folder)
     # Only the encoding rank loads the text encoders; the others get its embeddings.
     skipped = {} if dist.get_rank() == ENCODING_RANK else {name: None for name in encoders}
+    if not vae_here and os.path.isdir(os.path.join(folder, "vae")):
+        skipped["vae"] = build_skeleton(folder, "vae")  # the config without the weights
     try:
         pipe = DiffusionPipeline.from_pretrained(folder, transformer=transformer, dtype=dtype, **skipped)
     except (OSError, ValueError) as exc:
@@ -50,7 +53,7 @@ def load_pipeline_efficiently(model: str, device: torch.device, dtype: torch.dty
     pipe.set_progress_bar_config(disable=True)
     encoder_device = torch.device(options.text_encoder_device or device)
     for name, component in pipe.components.items():
-        if isinstance(component, torch.nn.Module) and name != "transformer":  # the transformer is in place
+        if isinstance(component, torch.nn.Module) and name != "transformer" and name not in skipped:  # in place
             component.to(encoder_device if name in encoders else device)
     encode_on_one_rank(pipe, device, encoder_device)
     pipe.load_report = report

@@ -63,6 +63,32 @@ def _check_same_call(latents: torch.Tensor, settings: VaeDecodeSettings, group: 
         )
 
 
+def decodes_here(settings: VaeDecodeSettings, group: dist.ProcessGroup | None) -> bool:
+    """Whether this rank runs the VAE: every rank of `group` when the decode is parallel, else its rank 0 alone.
+
+    The other ranks of the group get the images from its rank 0 (share_images) and need
+    no VAE weights (meshdit's memory-efficient load leaves them on the meta device).
+    """
+    return _every_rank_decodes(settings, group) or dist.get_rank(group) == 0
+
+
+def _every_rank_decodes(settings: VaeDecodeSettings, group: dist.ProcessGroup | None) -> bool:
+    return settings.parallel or group is None or not dist.is_initialized() or dist.get_world_size(group) == 1
+
+
+def share_images(images, settings: VaeDecodeSettings, group: dist.ProcessGroup | None):
+    """The decoded images on every rank of `group`: sent from its rank 0 when only that rank decoded.
+
+    images: what this rank decoded (None where decodes_here() is False).
+    NOTE: every rank of the group joins this call.
+    """
+    if _every_rank_decodes(settings, group):
+        return images
+    box = [images]
+    dist.broadcast_object_list(box, group=group, group_src=0)
+    return box[0]
+
+
 def decode(vae, latents: torch.Tensor, settings: VaeDecodeSettings | None = None,
            group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Same result as vae.decode(latents, return_dict=False)[0] (exact for parallel-only; approximate when tiled).
