@@ -11,13 +11,14 @@ from torch import nn
 
 from .checkpoint import check_against, read_checkpoint
 from .skeleton import build_skeleton, expected_shapes, param_bytes, set_tensor
-from .transport import OnTensor, shared_cast_tensors, shared_tensors, streamed_tensors
+from .transport import OnTensor, host_groups, shared_cast_tensors, shared_tensors, streamed_tensors
 
 
 @dataclass
 class LoadReport:
     tensors: int = 0
     param_bytes: int = 0  # parameter bytes this rank holds after loading (they only grow while loading)
+    reader: int = 0  # the rank that read the files for this rank (itself with the shared mapping)
 
 
 def load_model(model_dir: str, name: str, device: torch.device, dtype: torch.dtype,
@@ -31,6 +32,10 @@ def load_model(model_dir: str, name: str, device: torch.device, dtype: torch.dty
     """
     model = build_skeleton(model_dir, name)
     keep = select(model) if select is not None else (lambda _: True)
+    report = LoadReport(reader=dist.get_rank())
+    if transport != "shared":
+        host_ranks, group = host_groups(group)  # one reader per host: the lowest rank on it
+        report.reader = host_ranks[0]
     entries = _agreed_entries(os.path.join(model_dir, name), transport, group)
     check_against(entries, expected_shapes(model))
     fp32_modules = getattr(model, "_keep_in_fp32_modules", None) or []
@@ -40,7 +45,6 @@ def load_model(model_dir: str, name: str, device: torch.device, dtype: torch.dty
             return entry.dtype
         return torch.float32 if any(m in entry.name.split(".") for m in fp32_modules) else dtype
 
-    report = LoadReport()
     if transport == "shared" and device.type == "cpu" and any(target_of(e) != e.dtype for e in entries):
         arrivals = shared_cast_tensors(entries, keep, target_of, group)  # one cast copy per host
     elif transport == "shared":
@@ -58,7 +62,7 @@ def load_model(model_dir: str, name: str, device: torch.device, dtype: torch.dty
 
 
 def _agreed_entries(folder: str, transport: str, group):
-    """The checkpoint's entries; when streaming, read by rank 0 and agreed by all (or its error raised by all)."""
+    """The checkpoint's entries; when streaming, read by the group's first rank and agreed by all (or its error raised by all)."""
     from ..errors import ConfigError
 
     if transport == "shared":

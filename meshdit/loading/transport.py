@@ -53,7 +53,9 @@ def shared_tensors(entries: list[TensorEntry], keep: Callable[[str], bool]):
 
 def streamed_tensors(entries: list[TensorEntry], keep: Callable[[str], bool], device: torch.device,
                      group=None):
-    """(entry, tensor on `device`, file dtype) for each kept entry, rank 0 of `group` reading and sending.
+    """(entry, tensor on `device`) for each kept entry, the lowest rank of `group` reading and sending.
+
+    Call it with one group per host (host_groups): one reader per host, no weights between hosts.
 
     NOTE: every rank of the group iterates to the end: each tensor is one collective
     (or point-to-point sends to the ranks that keep it) in the same order on all ranks.
@@ -102,6 +104,32 @@ def _receive_buffer(entry: TensorEntry, device: torch.device) -> torch.Tensor:
     return raw[offset:offset + entry.nbytes]
 
 
+def host_id() -> str:
+    """This rank's host: MESHDIT_HOST_ID when set (containers of different machines may share a hostname), else the hostname."""
+    return os.environ.get("MESHDIT_HOST_ID") or socket.gethostname()
+
+
+def host_groups(group=None) -> tuple[list[int], object]:
+    """(ranks of `group` on this rank's host, a process group of them): one reader per host reads for it.
+
+    NOTE: every rank of `group` joins (an object gather, and one new_group per host when there
+    are several, created in the same order on all ranks).
+    """
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+    hosts: list = [None] * len(ranks)
+    dist.all_gather_object(hosts, host_id(), group=group)
+    mine = hosts[ranks.index(dist.get_rank())]
+    if len(set(hosts)) == 1:
+        return ranks, group
+    own = None
+    for host in sorted(set(hosts), key=hosts.index):  # by lowest rank: the same order everywhere
+        members = [r for r, h in zip(ranks, hosts) if h == host]
+        created = dist.new_group(members)
+        if host == mine:
+            own = (members, created)
+    return own
+
+
 def shared_cast_tensors(entries: list[TensorEntry], keep: Callable[[str], bool],
                         target_of: Callable[[TensorEntry], torch.dtype], group=None):
     """(entry, CPU tensor already in target_of(entry)) for each kept entry: views of one cast copy per host.
@@ -117,7 +145,7 @@ def shared_cast_tensors(entries: list[TensorEntry], keep: Callable[[str], bool],
 
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
     me = dist.get_rank()
-    mine = (socket.gethostname(), [keep(e.name) for e in entries])
+    mine = (host_id(), [keep(e.name) for e in entries])
     everyone: list = [None] * len(ranks)
     dist.all_gather_object(everyone, mine, group=group)
     host = [r for r, (name, _) in zip(ranks, everyone) if name == mine[0]]

@@ -109,3 +109,21 @@ def vae_bytes_and_image(folder: str, degrees: dict, parallel_vae: bool):
         return param_bytes(engine.pipe.vae), engine.generate(request()).images
     finally:
         engine.close()
+
+
+def readers_per_host(folder: str, hosts: list[str]):
+    """(rank that read for this rank, tensors differing from a plain load) with rank r on host hosts[r], streamed."""
+    import os
+
+    import torch.distributed as dist
+    from diffusers import DiffusionPipeline
+
+    mesh = mesh_for(ParallelConfig(ulysses_degree=len(hosts)))
+    os.environ["MESHDIT_HOST_ID"] = hosts[dist.get_rank()]
+    try:
+        lean = load_pipeline(folder, mesh.device, torch.float32, mesh, LoadOptions(transport="broadcast"))
+    finally:
+        del os.environ["MESHDIT_HOST_ID"]
+    reference = DiffusionPipeline.from_pretrained(folder, dtype=torch.float32).transformer.state_dict()
+    loaded = lean.transformer.state_dict()
+    return lean.load_report.reader, [n for n, t in reference.items() if not torch.equal(loaded[n], t)]

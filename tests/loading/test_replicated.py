@@ -16,3 +16,11 @@ def test_weights_and_images_equal_plain_load(run_ranks, flux_folder, transport, 
         assert differing == [], f"rank {rank}: {differing[:5]}"
         assert diff == 0.0, f"rank {rank}"
     assert set(glob.glob("/dev/shm/meshdit-weights-*")) == left, "the shared cast left a file behind"
+
+
+def test_one_reader_per_host(run_ranks, flux_folder):
+    """Streamed loads read once per host, never across hosts: each of 2 'hosts' (MESHDIT_HOST_ID) reads itself."""
+    for hosts, readers in ((["a", "b"], [0, 1]), (["a", "a"], [0, 0])):
+        results = run_ranks(2, jobs.readers_per_host, flux_folder, hosts)
+        assert [reader for reader, _ in results] == readers, f"hosts {hosts}"
+        assert all(differing == [] for _, differing in results), f"hosts {hosts}: {results}"
