@@ -62,7 +62,8 @@ class Engine:
         device = mesh.device if mesh is not None else torch.device("cpu")
         vae_here = decodes_here(vae or VaeDecodeSettings(), mesh.group("image") if mesh is not None else None)
         with _progress_bars(show_progress):
-            pipe = load_pipeline(model, device, torch_dtype, mesh, loading, vae_here=vae_here)
+            pipe = load_pipeline(model, device, torch_dtype, mesh, loading, vae_here=vae_here,
+                                 fp8_gemm=fp8 is not None and fp8.gemm)
         return cls(pipe, mesh, vae, fp8)
 
     def resolve(self, request: GenerateRequest) -> GenerateRequest:

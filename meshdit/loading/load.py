@@ -23,7 +23,8 @@ class LoadReport:
 
 def load_model(model_dir: str, name: str, device: torch.device, dtype: torch.dtype,
                select: Callable[[nn.Module], Callable[[str], bool]] | None = None, on_tensor: OnTensor | None = None,
-               transport: str = "shared", group=None) -> tuple[nn.Module, LoadReport]:
+               transport: str = "shared", group=None,
+               on_loaded: Callable[[nn.Module, str], None] | None = None) -> tuple[nn.Module, LoadReport]:
     """Component `name` with the tensors select(skeleton) keeps materialised on `device` (others stay on meta).
 
     Floating tensors are cast to `dtype` except in the class's _keep_in_fp32_modules,
@@ -56,6 +57,8 @@ def load_model(model_dir: str, name: str, device: torch.device, dtype: torch.dty
         if on_tensor is not None:
             tensor = on_tensor(entry.name, tensor)
         set_tensor(model, entry.name, tensor)
+        if on_loaded is not None:
+            on_loaded(model, entry.name)  # e.g. QuantizeWhileLoading
         report.tensors += 1
     report.param_bytes = param_bytes(model)
     return model, report

@@ -127,3 +127,28 @@ def readers_per_host(folder: str, hosts: list[str]):
     reference = DiffusionPipeline.from_pretrained(folder, dtype=torch.float32).transformer.state_dict()
     loaded = lean.transformer.state_dict()
     return lean.load_report.reader, [n for n, t in reference.items() if not torch.equal(loaded[n], t)]
+
+
+def fp8_while_loading(folder: str, degrees: dict):
+    """(FP8 layers after an efficient load, nn.Linear left in the block lists, max |image diff| against a
+    plain load quantized after loading) with FP8 GEMMs over `degrees`."""
+    from meshdit.quant.fp8_linear import Fp8Linear
+    from meshdit.quant.settings import Fp8Config
+
+    fp8 = Fp8Config(gemm=True)
+    mesh = mesh_for(ParallelConfig(**degrees))
+    lean = Engine.from_pretrained(folder, mesh, torch.float32, fp8=fp8)
+    blocks = [m for name, m in lean.pipe.transformer.named_modules() if "blocks." in name]
+    fp8_layers = sum(isinstance(m, Fp8Linear) for m in blocks)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in blocks)
+    try:
+        image = lean.generate(request()).images
+    finally:
+        lean.close()
+    plain = Engine(load_pipeline(folder, mesh.device, torch.float32, mesh, LoadOptions(memory_efficient=False)),
+                   mesh, fp8=fp8)
+    try:
+        reference = plain.generate(request()).images
+    finally:
+        plain.close()
+    return fp8_layers, linears, float(abs(image - reference).max())

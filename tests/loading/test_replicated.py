@@ -24,3 +24,13 @@ def test_one_reader_per_host(run_ranks, flux_folder):
         results = run_ranks(2, jobs.readers_per_host, flux_folder, hosts)
         assert [reader for reader, _ in results] == readers, f"hosts {hosts}"
         assert all(differing == [] for _, differing in results), f"hosts {hosts}: {results}"
+
+
+def test_fp8_layers_made_while_loading(run_ranks, flux_folder):
+    """--fp8-gemm with a memory-efficient load: each Linear of the block lists turns FP8 as its weights
+    arrive (no rank holds the unquantized model), and the images equal quantizing after a plain load."""
+    pipefusion = dict(pipefusion_parallel_degree=2, warmup_steps=jobs.STEPS)
+    for degrees in (dict(ulysses_degree=2), pipefusion):
+        for rank, (fp8_layers, linears, diff) in enumerate(run_ranks(2, jobs.fp8_while_loading, flux_folder, degrees)):
+            assert fp8_layers > 0 and linears == 0, f"{degrees} rank {rank}: {fp8_layers} FP8, {linears} Linear"
+            assert diff == 0.0, f"{degrees} rank {rank}: {diff}"
