@@ -87,7 +87,7 @@ def _warm() -> None:
     mesh_for(ParallelConfig(ulysses_degree=WORLD))
 
 
-def _load(folder: str, efficient: bool) -> tuple[float, float]:
+def _load(folder: str, efficient: bool, dtype_name: str) -> tuple[float, float, float]:
     """Loads the pipeline on this rank and reads every weight; returns (start, end, checksum), holding it 0.5 s."""
     import torch
 
@@ -98,18 +98,19 @@ def _load(folder: str, efficient: bool) -> tuple[float, float]:
 
     mesh = mesh_for(ParallelConfig(ulysses_degree=WORLD))
     start = time.time()
-    pipe = load_pipeline(folder, torch.device("cpu"), torch.float32, mesh, LoadOptions(memory_efficient=efficient))
-    # Mapped weights cost nothing until read: read every one, as the first denoising step does.
-    # A float64 sum per parameter (a checksum the ranks must agree on): both rows include one
-    # parameter's transient float64 copy per rank (up to 40 MiB here).
-    touched = sum(float(p.detach().double().sum()) for p in pipe.transformer.parameters())
+    pipe = load_pipeline(folder, torch.device("cpu"), getattr(torch, dtype_name), mesh, LoadOptions(memory_efficient=efficient))
+    # Mapped weights cost nothing until read: read every one, as the first denoising step does,
+    # into a checksum the ranks must agree on. Summed in 1 MiB slices: a whole-parameter float64
+    # copy would add up to 80 MiB per rank to both rows, which is the benchmark's, not the load's.
+    touched = sum(float(piece.sum(dtype=torch.float64))
+                  for p in pipe.transformer.parameters() for piece in p.detach().reshape(-1).split(2**18))
     end = time.time()
     time.sleep(0.5)  # the sampler sees the loaded state too
     del pipe
     return start, end, touched
 
 
-def measure(folder: str, efficient: bool) -> tuple[int, float]:
+def measure(folder: str, efficient: bool, dtype_name: str) -> tuple[int, float]:
     # NOTE: plain loads of this fp32 file map it too (diffusers/safetensors), so the gap is in what
     # each rank copies: run it to see, rather than assume 4x.
     """(peak host bytes the load adds to the job, load seconds) on 4 fresh ranks."""
@@ -119,7 +120,7 @@ def measure(folder: str, efficient: bool) -> tuple[int, float]:
     try:
         pool.run(_warm)
         with PssSampler([p.pid for p in pool._procs]) as sampler:
-            times = pool.run(_load, folder, efficient)
+            times = pool.run(_load, folder, efficient, dtype_name)
     finally:
         pool.close()
     start, end = min(t[0] for t in times), max(t[1] for t in times)
@@ -133,15 +134,17 @@ def measure(folder: str, efficient: bool) -> tuple[int, float]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="the working dtype (the file is fp32: bfloat16 makes every rank cast)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="meshdit-loading-") as folder:
         model_bytes = write_model(folder)
         rows = {True: [], False: []}
         for _ in range(args.rounds):
             for efficient in (True, False):
-                rows[efficient].append(measure(folder, efficient))
+                rows[efficient].append(measure(folder, efficient, args.dtype))
     mib = 2**20
-    print(f"transformer: {model_bytes / mib:.0f} MiB on disk (fp32); {WORLD} CPU ranks; {args.rounds} round(s)")
+    print(f"transformer: {model_bytes / mib:.0f} MiB on disk (fp32); {WORLD} CPU ranks; loaded as {args.dtype}; {args.rounds} round(s)")
     print("| load | peak host memory of the job (PSS sum) | × model bytes | load time |")
     print("|---|---|---|---|")
     medians = {}

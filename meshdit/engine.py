@@ -13,7 +13,7 @@ from .distributed.mesh import ParallelMesh, SingleProcessMesh
 from .models.info import ModelInfo
 from .parallel.parallelize import parallelize
 from .pipelines.batching import concat_states
-from .vae import VaeDecodeSettings
+from .vae import VaeDecodeSettings, decodes_here
 
 
 @dataclass
@@ -53,8 +53,10 @@ class Engine:
 
             model = str(weights_path())
         device = mesh.device if mesh is not None else torch.device("cpu")
+        vae_here = decodes_here(vae or VaeDecodeSettings(), mesh.group("image") if mesh is not None else None)
         with _progress_bars(show_progress):
-            pipe = load_pipeline(model, device, torch_dtype, mesh, loading)
+            pipe = load_pipeline(model, device, torch_dtype, mesh, loading, vae_here=vae_here,
+                                 fp8_gemm=fp8 is not None and fp8.gemm)
         return cls(pipe, mesh, vae, fp8)
 
     def resolve(self, request: GenerateRequest) -> GenerateRequest:
@@ -94,8 +96,10 @@ class Engine:
         latents = parallel.denoise(self.recipe, state, show_progress,
                                    parallel.agreed(on_step, self.pipe._execution_device))
         seconds["denoise"] = time.perf_counter() - start - seconds["prepare"]
-        image = parallel.decode(self.pipe.vae, self.recipe.decode_latents(state, latents), self.vae)  # [B, 3, H, W]
-        image = parallel.gather(image, sum(counts))  # every rank: all images of the batch, in [-1, 1]
+        # [B, 3, H, W] in [-1, 1] on every rank of the image group; decode_latents runs only where the VAE does
+        image = parallel.decode(self.pipe.vae, lambda: self.recipe.decode_latents(state, latents), self.vae,
+                                self.pipe._execution_device)
+        image = parallel.gather(image, sum(counts))  # every rank: all images of the batch
         images = self.pipe.image_processor.postprocess(image, output_type=output_type)
         seconds["decode"] = time.perf_counter() - start - seconds["prepare"] - seconds["denoise"]
         seconds["total"] = time.perf_counter() - start

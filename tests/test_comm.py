@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from meshdit.distributed.comm import (PipeChannel, RingExchange, all_gather, all_gather_uneven, all_reduce,
-                                      all_to_all_chunks, broadcast, broadcast_object, comm_stats,
+                                      all_to_all_chunks, broadcast, broadcast_from, broadcast_object, comm_stats,
                                       exchange_with_neighbours, group_rank, split_sizes)
 
 MEMBERS = [1, 2, 3]
@@ -29,6 +29,7 @@ def _primitives():
     out["max"] = all_reduce(torch.tensor([float(me)]), group, "t_max", op="max").item()
     out["bcast"] = broadcast(torch.tensor([float(me)]), 1, group, "t_bcast").item()
     out["object"] = broadcast_object({"from": me}, 2, group, "t_object")
+    out["from"] = broadcast_from(torch.arange(3.0) * me if g == 2 else None, 2, group, "t_from", torch.device("cpu"))
     out["halos"] = exchange_with_neighbours(None if g == 0 else torch.full((3,), 10.0 * me),
                                             None if g == 2 else torch.full((3,), 10.0 * me + 1), group, "t_halo")
     send = [torch.full((j + 1,), 100.0 * me + j) for j in range(3)]  # to group rank j: j + 1 values
@@ -56,6 +57,7 @@ def test_primitives_on_a_sub_group(run_ranks):
         assert r["sum"] == 6.0 and r["max"] == 3.0
         assert r["bcast"] == 2.0  # group rank 1 is global rank 2
         assert r["object"] == {"from": 3}
+        assert torch.equal(r["from"], torch.arange(3.0) * 3)  # only group rank 2 had a tensor
         from_prev, from_next = r["halos"]
         assert (from_prev is None) == (g == 0) and (from_next is None) == (g == 2)
         if from_prev is not None:
@@ -72,6 +74,7 @@ def test_primitives_on_a_sub_group(run_ranks):
         assert counts["t_sum"] == counts["t_max"] == 4 * 2 * 2 // 3
         assert counts.get("t_bcast", 0) == (4 * 2 if g == 1 else 0)
         assert (counts.get("t_object", 0) > 0) == (g == 2)
+        assert (counts.get("t_from", 0) > 12 * 2) == (g == 2)  # the values to 2 peers, and the shape before them
         assert counts.get("t_halo", 0) == 12 * ((g > 0) + (g < 2))
         assert counts["all_to_all"] == 4 * (6 - (g + 1))
         assert counts["ring_p2p"] == 8 and counts["pipe_p2p"] == 16
@@ -86,5 +89,6 @@ def test_alone_nothing_is_sent_or_counted():
     assert torch.equal(broadcast(x.clone(), 0, None, "t"), x)
     assert broadcast_object({"a": 1}, 0, None, "t") == {"a": 1}
     assert all_to_all_chunks([x], [x.shape], None)[0] is x
+    assert broadcast_from(x, 0, None, "t", x.device) is x
     assert dict(comm_stats.bytes_sent) == {}
     assert split_sizes(7, 3) == [3, 2, 2]

@@ -21,28 +21,39 @@ def local_folder(model: str) -> str:
 
 
 def load_pipeline_efficiently(model: str, device: torch.device, dtype: torch.dtype, mesh,
-                              options: LoadOptions, on_tensor=None):
+                              options: LoadOptions, on_tensor=None, vae_here: bool = True,
+                              fp8_gemm: bool = False):
     """The pipeline with its transformer loaded from one shared or streamed copy of the weights.
 
     Under PipeFusion the transformer's other-stage blocks stay on the meta device (never
-    materialised); PipeFusion replaces them with pass-through blocks.
+    materialised); PipeFusion replaces them with pass-through blocks. Text encoders load on
+    the encoding rank only; the VAE only where vae_here (elsewhere: a skeleton on meta).
+    fp8_gemm: the block lists' Linear layers become FP8 as their weights arrive.
     """
     from diffusers import DiffusionPipeline
 
     from ..models.registry import family_for_transformer
-    from .skeleton import component_class
+    from .skeleton import build_skeleton, component_class
     from .stages import stage_keep
 
     folder = local_folder(model)
-    select = None
+    family = family_for_transformer(component_class(folder, "transformer").__name__)
+    select = on_loaded = None
     if mesh.size("pp") > 1:
-        family = family_for_transformer(component_class(folder, "transformer").__name__)
         select = lambda skeleton: stage_keep(skeleton, family.pipeline_plan(), mesh.local_rank("pp"), mesh.size("pp"))  # noqa: E731
+    if fp8_gemm:
+        from ..quant.fp8_linear import QuantizeWhileLoading
+        from ..quant.formats import check_fp8_gemm
+
+        check_fp8_gemm(device)
+        on_loaded = QuantizeWhileLoading([spec.path for spec in family.pipeline_plan().blocks])
     transformer, report = load_model(folder, "transformer", device, dtype, select, on_tensor,
-                                     options.transport_for(device.type))
+                                     options.transport_for(device.type), on_loaded=on_loaded)
     encoders = text_encoder_names(folder)
     # Only the encoding rank loads the text encoders; the others get its embeddings.
     skipped = {} if dist.get_rank() == ENCODING_RANK else {name: None for name in encoders}
+    if not vae_here and os.path.isdir(os.path.join(folder, "vae")):
+        skipped["vae"] = build_skeleton(folder, "vae")  # the config without the weights
     try:
         pipe = DiffusionPipeline.from_pretrained(folder, transformer=transformer, dtype=dtype, **skipped)
     except (OSError, ValueError) as exc:
@@ -50,7 +61,7 @@ def load_pipeline_efficiently(model: str, device: torch.device, dtype: torch.dty
     pipe.set_progress_bar_config(disable=True)
     encoder_device = torch.device(options.text_encoder_device or device)
     for name, component in pipe.components.items():
-        if isinstance(component, torch.nn.Module) and name != "transformer":  # the transformer is in place
+        if isinstance(component, torch.nn.Module) and name != "transformer" and name not in skipped:  # in place
             component.to(encoder_device if name in encoders else device)
     encode_on_one_rank(pipe, device, encoder_device)
     pipe.load_report = report

@@ -7,15 +7,15 @@ from torch import nn
 
 
 def stage_keep(transformer: nn.Module, plan, stage: int, num_stages: int) -> Callable[[str], bool]:
-    """keep(name) for this stage, splitting blocks exactly as PipeFusion does (by parameter bytes).
+    """keep(name) for this stage, splitting blocks exactly as PipeFusion does (by parameter count).
 
     Works on a meta skeleton: parameter sizes are known without memory.
     """
-    from ..parallel.pipefusion import _param_bytes, balanced_stages
+    from ..parallel.pipefusion import balanced_stages, block_weight
 
     modules = dict(transformer.named_modules())
     blocks = [f"{spec.path}.{i}." for spec in plan.blocks for i in range(len(modules[spec.path]))]
-    weights = [_param_bytes(modules[prefix[:-1]]) for prefix in blocks]
+    weights = [block_weight(modules[prefix[:-1]]) for prefix in blocks]
     sizes = balanced_stages(weights, num_stages)
     start = sum(sizes[:stage])
     others = tuple(p for i, p in enumerate(blocks) if not start <= i < start + sizes[stage])

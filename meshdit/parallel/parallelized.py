@@ -2,7 +2,8 @@
 
 The engine calls, in order: share() (data parallelism keeps this rank's images),
 denoise() (the serial / CFG-parallel loop or the PipeFusion loop, on the hooked
-transformer), decode() (the VAE over the image group), gather() (data parallelism
+transformer), decode() (the VAE over the image group, or on its first rank, which
+sends the images to the others), gather() (data parallelism
 hands every rank all images). With a one-rank mesh each of them is the plain
 single-process step.
 """
@@ -15,7 +16,7 @@ import torch
 from ..distributed.comm import all_reduce
 from ..pipelines.loop import denoise
 from ..pipelines.pipefusion_loop import pipefusion_denoise
-from ..vae import decode
+from ..vae import decode, decodes_here, share_images
 from . import data
 
 
@@ -38,9 +39,15 @@ class Parallelized:
         return pipefusion_denoise(recipe, state, self.pipefusion, self.sequence_state, cfg_group,
                                   config.warmup_steps, config.patches, show_progress, on_step)
 
-    def decode(self, vae, latents: torch.Tensor, settings) -> torch.Tensor:
-        """vae.decode of the latents, shared over the ranks that make the same images (settings permitting)."""
-        return decode(vae, latents, settings, self.mesh.group("image"))
+    def decode(self, vae, vae_input, settings, device) -> torch.Tensor:
+        """The decoded images [B, 3, H, W] on every rank of the image group (ranks that share the same images).
+
+        vae_input() -> the latents as vae.decode takes them; called only on ranks that run the
+        VAE (all of the group with parallel decode, else its rank 0, which sends the images on).
+        """
+        group = self.mesh.group("image")
+        image = decode(vae, vae_input(), settings, group) if decodes_here(settings, group) else None
+        return share_images(image, settings, group, device)
 
     def gather(self, image: torch.Tensor, batch_size: int) -> torch.Tensor:
         return data.gather(image, batch_size, self.mesh)

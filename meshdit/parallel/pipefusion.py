@@ -49,7 +49,7 @@ class PipeFusion:
         self.handles = []
         modules = dict(transformer.named_modules())
         blocks = [(modules[spec.path], i, spec) for spec in plan.blocks for i in range(len(modules[spec.path]))]
-        sizes = balanced_stages([_param_bytes(b[0][b[1]]) for b in blocks], self.num_stages)
+        sizes = balanced_stages([block_weight(b[0][b[1]]) for b in blocks], self.num_stages)
         starts = [sum(sizes[:s]) for s in range(self.num_stages)]
         mine = range(starts[self.stage], starts[self.stage] + sizes[self.stage])
         for index, (block_list, i, spec) in enumerate(blocks):
@@ -115,8 +115,15 @@ def balanced_stages(weights: list[int], num_stages: int) -> list[int]:
     return sizes[::-1]
 
 
-def _param_bytes(module: nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in module.parameters())
+def block_weight(module: nn.Module) -> int:
+    """What a block weighs when stages are balanced: its parameter count.
+
+    Counts, not bytes: every rank must split alike, though a rank's own blocks may be in the
+    working dtype, others' still fp32 on the meta device, and FP8 layers (quantized while
+    loading) hold buffers that stand for `stands_for_numel` parameters.
+    """
+    return sum(p.numel() for p in module.parameters()) + sum(
+        getattr(m, "stands_for_numel", 0) for m in module.modules())
 
 
 def _named(module, args, kwargs) -> dict:

@@ -25,6 +25,7 @@ class Fp8Linear(nn.Module):
         self.register_buffer("weight_scale", scale.t().contiguous(), persistent=False)  # [1, out] float32
         bias = linear.bias.detach() if linear.bias is not None else None
         self.register_buffer("bias", bias, persistent=False)
+        self.stands_for_numel = sum(p.numel() for p in linear.parameters())  # PipeFusion balances stages by it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -54,3 +55,21 @@ def quantize_block_lists(transformer: nn.Module, paths: list[str]) -> int:
     """FP8 weights for the Linear layers of the named block lists (embedders, norms, final projection stay)."""
     modules = dict(transformer.named_modules())
     return sum(quantize_linears(modules[path]) for path in paths)
+
+
+class QuantizeWhileLoading:
+    """on_loaded(model, name) for meshdit's loader: each Linear of the block lists becomes an Fp8Linear
+    as soon as its last tensor arrives, so a rank never holds more than one layer's working-dtype
+    weights beside the FP8 ones (the GPU need not fit the unquantized model)."""
+
+    def __init__(self, block_paths: list[str]) -> None:
+        self.prefixes = tuple(f"{path}." for path in block_paths)
+
+    def __call__(self, model: nn.Module, name: str) -> None:
+        path = name.rpartition(".")[0]
+        if not path.startswith(self.prefixes):
+            return
+        linear = model.get_submodule(path)
+        if isinstance(linear, nn.Linear) and all(p.device.type != "meta" for p in linear.parameters()):
+            parent, _, leaf = path.rpartition(".")
+            setattr(model.get_submodule(parent), leaf, Fp8Linear(linear))

@@ -5,7 +5,7 @@ import contextlib
 
 import torch
 
-from ..distributed.comm import all_gather, group_rank, group_size
+from ..distributed.comm import all_gather, broadcast_from, group_rank, group_size
 from ..errors import ConfigError
 from .memory import track_peak_memory
 from .patch_parallel import decode_bands, plan_bands
@@ -58,6 +58,30 @@ def _check_same_call(latents: torch.Tensor, settings: VaeDecodeSettings, group) 
             f"from group rank 0 ([B, C, h, w, parallel, tile h, tile w, overlap, checksums]: {what}); every rank "
             "of the group must decode the same latents with the same settings."
         )
+
+
+def decodes_here(settings: VaeDecodeSettings, group) -> bool:
+    """Whether this rank runs the VAE: every rank of `group` when the decode is parallel, else its rank 0 alone.
+
+    The other ranks of the group get the images from its rank 0 (share_images) and need
+    no VAE weights (meshdit's memory-efficient load leaves them on the meta device).
+    """
+    return _every_rank_decodes(settings, group) or group_rank(group) == 0
+
+
+def _every_rank_decodes(settings: VaeDecodeSettings, group) -> bool:
+    return settings.parallel or group_size(group) == 1
+
+
+def share_images(image: torch.Tensor | None, settings: VaeDecodeSettings, group, device) -> torch.Tensor:
+    """The decoded images [B, 3, H, W] on every rank of `group`: sent from its rank 0 when only that rank decoded.
+
+    image: what this rank decoded (None where decodes_here() is False); received on `device`.
+    NOTE: every rank of the group joins this call.
+    """
+    if _every_rank_decodes(settings, group):
+        return image
+    return broadcast_from(image, 0, group, "vae_images_broadcast", device)
 
 
 def decode(vae, latents: torch.Tensor, settings: VaeDecodeSettings | None = None,

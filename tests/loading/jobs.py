@@ -27,13 +27,14 @@ def _image(pipe, mesh):
         engine.close()
 
 
-def efficient_vs_plain(folder: str, degrees: dict, transport: str):
+def efficient_vs_plain(folder: str, degrees: dict, transport: str, dtype_name: str = "float32"):
     """(tensors differing from a plain from_pretrained load, max |image diff| efficient vs plain, load report)."""
     from diffusers import DiffusionPipeline
 
+    dtype = getattr(torch, dtype_name)
     mesh = mesh_for(ParallelConfig(**degrees))
-    lean = load_pipeline(folder, mesh.device, torch.float32, mesh, LoadOptions(transport=transport))
-    plain = DiffusionPipeline.from_pretrained(folder, dtype=torch.float32)
+    lean = load_pipeline(folder, mesh.device, dtype, mesh, LoadOptions(transport=transport))
+    plain = DiffusionPipeline.from_pretrained(folder, dtype=dtype)
     plain.set_progress_bar_config(disable=True)
     reference = plain.transformer.state_dict()
     loaded = lean.transformer.state_dict()
@@ -96,3 +97,58 @@ def single_process_image(folder: str):
     pipe = DiffusionPipeline.from_pretrained(folder, dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     return _image(pipe, None)
+
+
+def vae_bytes_and_image(folder: str, degrees: dict, parallel_vae: bool):
+    """(VAE parameter bytes this rank holds, image) from Engine.from_pretrained over `degrees`."""
+    from meshdit.vae import VaeDecodeSettings
+
+    mesh = mesh_for(ParallelConfig(**degrees))
+    engine = Engine.from_pretrained(folder, mesh, torch.float32, VaeDecodeSettings(parallel=parallel_vae))
+    try:
+        return param_bytes(engine.pipe.vae), engine.generate(request()).images
+    finally:
+        engine.close()
+
+
+def readers_per_host(folder: str, hosts: list[str]):
+    """(rank that read for this rank, tensors differing from a plain load) with rank r on host hosts[r], streamed."""
+    import os
+
+    import torch.distributed as dist
+    from diffusers import DiffusionPipeline
+
+    mesh = mesh_for(ParallelConfig(ulysses_degree=len(hosts)))
+    os.environ["MESHDIT_HOST_ID"] = hosts[dist.get_rank()]
+    try:
+        lean = load_pipeline(folder, mesh.device, torch.float32, mesh, LoadOptions(transport="broadcast"))
+    finally:
+        del os.environ["MESHDIT_HOST_ID"]
+    reference = DiffusionPipeline.from_pretrained(folder, dtype=torch.float32).transformer.state_dict()
+    loaded = lean.transformer.state_dict()
+    return lean.load_report.reader, [n for n, t in reference.items() if not torch.equal(loaded[n], t)]
+
+
+def fp8_while_loading(folder: str, degrees: dict):
+    """(FP8 layers after an efficient load, nn.Linear left in the block lists, max |image diff| against a
+    plain load quantized after loading) with FP8 GEMMs over `degrees`."""
+    from meshdit.quant.fp8_linear import Fp8Linear
+    from meshdit.quant.settings import Fp8Config
+
+    fp8 = Fp8Config(gemm=True)
+    mesh = mesh_for(ParallelConfig(**degrees))
+    lean = Engine.from_pretrained(folder, mesh, torch.float32, fp8=fp8)
+    blocks = [m for name, m in lean.pipe.transformer.named_modules() if "blocks." in name]
+    fp8_layers = sum(isinstance(m, Fp8Linear) for m in blocks)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in blocks)
+    try:
+        image = lean.generate(request()).images
+    finally:
+        lean.close()
+    plain = Engine(load_pipeline(folder, mesh.device, torch.float32, mesh, LoadOptions(memory_efficient=False)),
+                   mesh, fp8=fp8)
+    try:
+        reference = plain.generate(request()).images
+    finally:
+        plain.close()
+    return fp8_layers, linears, float(abs(image - reference).max())

@@ -6,7 +6,7 @@ streamed at load) calls torch.distributed only through this package:
 - collectives.py: uneven all-to-all (Ulysses), uneven and equal all-gathers (sequence
   gathers, CFG's branch exchange, data-parallel images), all-reduce (VAE statistics and
   tiles, the agreed stop flag), broadcasts (PipeFusion's final latents, streamed weights,
-  text embeddings);
+  text embeddings, images decoded on one rank of the image group);
 - point_to_point.py: the ring exchange (ring attention), the pipeline channel between
   PipeFusion stages, the neighbour exchange (VAE halos), plain send/recv (weight streaming);
 - stats.py: the byte counters, incremented only here, one rule per primitive.
@@ -30,13 +30,13 @@ receiver posting its receive 1 s late, messages from 4 B to 64 MiB, same at ever
   already waiting in its receive (weight streaming).
 NCCL may also hold a send until its peer receives (large messages), so the same rules serve it.
 """
-from .collectives import (all_gather, all_gather_uneven, all_reduce, all_to_all_chunks, broadcast,
+from .collectives import (all_gather, all_gather_uneven, all_reduce, all_to_all_chunks, broadcast, broadcast_from,
                           broadcast_object, group_rank, group_size, split_sizes)
 from .point_to_point import PipeChannel, RingExchange, exchange_with_neighbours, recv_into, send
 from .stats import CommStats, comm_stats
 
 __all__ = [
     "CommStats", "PipeChannel", "RingExchange", "all_gather", "all_gather_uneven", "all_reduce",
-    "all_to_all_chunks", "broadcast", "broadcast_object", "comm_stats", "exchange_with_neighbours",
+    "all_to_all_chunks", "broadcast", "broadcast_from", "broadcast_object", "comm_stats", "exchange_with_neighbours",
     "group_rank", "group_size", "recv_into", "send", "split_sizes",
 ]

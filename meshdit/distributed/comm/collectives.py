@@ -9,6 +9,7 @@ import pickle
 
 import torch
 import torch.distributed as dist
+from torch.distributed import ProcessGroup
 
 from .stats import comm_stats
 
@@ -133,3 +134,17 @@ def broadcast_object(obj, src: int, group: dist.ProcessGroup | None, kind: str):
     box = [obj]
     dist.broadcast_object_list(box, dist.get_global_rank(group, src), group=group)
     return box[0]
+
+
+def broadcast_from(x: torch.Tensor | None, src: int, group: ProcessGroup | None, kind: str, device) -> torch.Tensor:
+    """Group rank `src`'s tensor on every rank, where only `src` has one (the others pass None).
+
+    Its shape and dtype travel first (a small object), then the values; received on `device`.
+    """
+    if group_size(group) == 1:
+        return x
+    me = group_rank(group)
+    shape, dtype = broadcast_object((tuple(x.shape), x.dtype) if me == src else None, src, group, kind)
+    if me != src:
+        x = torch.empty(shape, dtype=dtype, device=device)
+    return broadcast(x.contiguous(), src, group, kind)
