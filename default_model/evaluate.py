@@ -1,8 +1,8 @@
 """Score images of the default model against their prompts, from the pixels alone.
 
-    python -m meshdit.default_model.evaluate [--model DIR] [--steps N] [--seed S]
-    python -m meshdit.default_model.evaluate --check-evaluator
-    python -m meshdit.default_model.evaluate --check-vae [--model DIR]
+    python -m default_model.evaluate [--model DIR] [--steps N] [--seed S]
+    python -m default_model.evaluate --check-evaluator
+    python -m default_model.evaluate --check-vae [--model DIR]
 
 The analysis is classic image processing: the background colour is the median of
 the border pixels; every pixel is classified to the nearest palette colour; the
@@ -228,7 +228,7 @@ def generate_and_score(model: str, steps: int, seed: int, guidance: float, size:
     import torch
     from diffusers import FluxPipeline
 
-    from . import DEFAULT_MAX_SEQUENCE_LENGTH, DEFAULT_NEGATIVE_PROMPT
+    from meshdit.default_model import DEFAULT_MAX_SEQUENCE_LENGTH, DEFAULT_NEGATIVE_PROMPT
 
     torch.set_num_threads(1)
     t_load = time.time()
@@ -280,7 +280,7 @@ def generate_and_score(model: str, steps: int, seed: int, guidance: float, size:
 
 
 def main() -> None:
-    from . import DEFAULT_GUIDANCE, DEFAULT_HEIGHT, DEFAULT_STEPS, weights_path
+    from meshdit.default_model import DEFAULT_GUIDANCE, DEFAULT_HEIGHT, DEFAULT_STEPS, weights_path
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(weights_path()))
