@@ -5,12 +5,14 @@ import argparse
 import os
 import socket
 
+from ..config import ParallelConfig
 from ..errors import ConfigError
+from ..flag_spec import flag_specs
+from ..vae.settings import VaeDecodeSettings
 
-# generate's flags that serve shares: model, layout, VAE, and the request defaults
-SHARED = ("model", "height", "width", "steps", "guidance_scale", "max_sequence_length", "dtype", "ulysses_degree",
-          "ring_degree", "pipefusion_parallel_degree", "num_pipeline_patch", "warmup_steps", "data_parallel_degree",
-          "use_cfg_parallel", "use_parallel_vae", "vae_tile_height", "vae_tile_width", "vae_tile_overlap", "verbose")
+# generate's flags that serve shares: model, every layout and VAE flag, and the request defaults
+SHARED = ("model", "dtype", "verbose", "height", "width", "steps", "guidance_scale", "max_sequence_length") + tuple(
+    spec.dest for settings in (ParallelConfig, VaeDecodeSettings) for _, spec in flag_specs(settings))
 
 
 def add_serve_parser(commands, generate_parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
