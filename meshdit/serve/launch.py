@@ -13,6 +13,7 @@ import signal
 import time
 
 from ..distributed.launch import under_torchrun
+from ..distributed.ports import free_port
 from ..errors import ConfigError
 from .server_state import ServeSettings
 
@@ -52,7 +53,7 @@ def serve_ranks(settings: ServeSettings) -> int:
         run_serve(settings)
         return 0
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = os.environ.get("MASTER_PORT") or str(_free_port())
+    os.environ["MASTER_PORT"] = os.environ.get("MASTER_PORT") or str(free_port())
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_rank_main, args=(rank, world_size, settings), name=f"meshdit-rank{rank}")
              for rank in range(world_size)]
@@ -94,10 +95,3 @@ def _watch(procs) -> int:
           "every rank was stopped", flush=True)
     return 1
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
