@@ -54,6 +54,15 @@ def add_model_flags(parser) -> None:
          help="show library logs, loading progress and each rank's VAE decode memory (default: off)")
 
 
+def model_from_args(args) -> str:
+    """The --model folder or Hub id; with no --model, the bundled model's folder."""
+    if args.model is not None:
+        return args.model
+    from .default_model import weights_path
+
+    return str(weights_path())
+
+
 def add_settings_flags(group, cls) -> None:
     """The flags of every field of the dataclass `cls` that declares one, in field order."""
     for f, spec in flag_specs(cls):

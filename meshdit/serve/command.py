@@ -34,15 +34,10 @@ def add_serve_parser(commands, generate_parser: argparse.ArgumentParser) -> argp
 
 
 def serve_command(args) -> int:
-    from ..flags import layout_from_args
+    from ..flags import layout_from_args, model_from_args
     from .server_state import ServeSettings
 
-    if args.model is None:
-        from ..default_model import weights_path
-
-        model = str(weights_path())
-    else:
-        model = args.model
+    model = model_from_args(args)
     config, vae = layout_from_args(args)
     config.validate()
     vae.validate()
