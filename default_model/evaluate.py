@@ -228,7 +228,7 @@ def generate_and_score(model: str, steps: int, seed: int, guidance: float, size:
     import torch
     from diffusers import FluxPipeline
 
-    from meshdit.default_model import DEFAULT_MAX_SEQUENCE_LENGTH, DEFAULT_NEGATIVE_PROMPT
+    from meshdit.default_model import generation_kwargs
 
     torch.set_num_threads(1)
     t_load = time.time()
@@ -240,17 +240,9 @@ def generate_and_score(model: str, steps: int, seed: int, guidance: float, size:
     wrong = {"background": 0, "colour": 0, "count": 0, "shapes": 0, "position": 0}
     for i, prompt in enumerate(prompts):
         t0 = time.time()
-        img = pipe(
-            prompt,
-            negative_prompt=DEFAULT_NEGATIVE_PROMPT,
-            true_cfg_scale=guidance,
-            height=size,
-            width=size,
-            num_inference_steps=steps,
-            max_sequence_length=DEFAULT_MAX_SEQUENCE_LENGTH,
-            generator=torch.Generator().manual_seed(seed + i),
-            output_type="np",
-        ).images[0]
+        settings = generation_kwargs() | dict(true_cfg_scale=guidance, height=size, width=size,
+                                              num_inference_steps=steps)
+        img = pipe(prompt, generator=torch.Generator().manual_seed(seed + i), output_type="np", **settings).images[0]
         t_total += time.time() - t0
         errs = mismatches(img, prompt)
         passed += not errs
