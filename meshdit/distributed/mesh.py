@@ -74,18 +74,18 @@ class ParallelMesh:
         image_mesh = mesh[tuple(a.value for a in IMAGE_AXES)]._flatten(MeshAxis.IMAGE.value)
         return cls(config, mesh, device, sp_mesh, image_mesh)
 
-    def _axis(self, axis: MeshAxis | str) -> DeviceMesh:
+    def _axis(self, axis: str) -> DeviceMesh:  # a MeshAxis, or its name
         axis = MeshAxis(axis)  # a misspelt name fails here: ValueError "... is not a valid MeshAxis"
         derived = {MeshAxis.SP: self.sp_mesh, MeshAxis.IMAGE: self.image_mesh}
         return derived[axis] if axis in derived else self.mesh[axis.value]
 
-    def group(self, axis: MeshAxis | str) -> dist.ProcessGroup:
+    def group(self, axis: str) -> dist.ProcessGroup:
         return self._axis(axis).get_group()
 
-    def size(self, axis: MeshAxis | str) -> int:
+    def size(self, axis: str) -> int:
         return self._axis(axis).size()
 
-    def local_rank(self, axis: MeshAxis | str) -> int:
+    def local_rank(self, axis: str) -> int:
         return self._axis(axis).get_local_rank()
 
     @property
