@@ -35,7 +35,6 @@ def add_serve_parser(commands, generate_parser: argparse.ArgumentParser) -> argp
 
 def serve_command(args) -> int:
     from ..flags import layout_from_args, model_from_args
-    from .server_state import ServeSettings
 
     model = model_from_args(args)
     config, vae = layout_from_args(args)
@@ -52,6 +51,11 @@ def serve_command(args) -> int:
     height, width = args.height or info.default_size, args.width or info.default_size
     info.check(config, height, width, args.guidance_scale, max(config.data_parallel_degree, 1))
     _check_port(args.host, args.port)
+    from ..distributed.launch import check_torchrun_world
+
+    check_torchrun_world(config.world_size)
+    from .server_state import ServeSettings  # numpy and the server's modules: only once every check passed
+
     settings = ServeSettings(
         model=model, config=config, height=height, width=width, steps=args.steps,
         guidance_scale=args.guidance_scale, max_sequence_length=args.max_sequence_length, host=args.host,

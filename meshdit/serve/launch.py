@@ -12,9 +12,8 @@ import os
 import signal
 import time
 
-from ..distributed.launch import under_torchrun
+from ..distributed.launch import check_torchrun_world, under_torchrun
 from ..distributed.ports import free_port
-from ..errors import ConfigError
 from .server_state import ServeSettings
 
 _STOP_GRACE_S = 15.0  # after the first rank exits, how long the others get to exit by themselves
@@ -41,10 +40,8 @@ def _rank_main(rank: int, world_size: int, settings: ServeSettings) -> None:
 def serve_ranks(settings: ServeSettings) -> int:
     """Runs the server until it is stopped; returns the exit status (0 after a drain)."""
     world_size = settings.config.world_size
+    check_torchrun_world(world_size)  # serve_command checked it already; API callers get it here
     if under_torchrun() or world_size == 1:
-        if under_torchrun() and int(os.environ["WORLD_SIZE"]) != world_size:
-            raise ConfigError(f"torchrun started {os.environ['WORLD_SIZE']} ranks but the degrees multiply to "
-                              f"{world_size}: change --nproc-per-node/--nnodes or the degrees.")
         if not under_torchrun():
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
             settings.spawned = False
