@@ -1,6 +1,6 @@
 """Bad input is refused before any rank starts: exit status 2, a message naming the flag, in under 0.5 s,
-no rank spawned, no earlier output touched, nothing left behind, and neither torch, diffusers nor
-transformers imported (README: a refused command returns in under 0.5 s)."""
+no rank spawned, no earlier output touched, nothing left behind, and neither torch, diffusers, transformers
+nor numpy imported (README: a refused command returns in under 0.5 s)."""
 import json
 import os
 import socket
@@ -153,47 +153,52 @@ def test_table_is_broad_enough():
 
 
 # Refusals outside the generate table: serve's, and a torchrun world of the wrong size.
+_TORCHRUN_WORLD_OF_3 = {"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0"}
 OTHER_REFUSALS = {
-    "serve-max-queue-0": (["serve", "--max-queue", "0"], {}),
-    "serve-ulysses-above-heads": (["serve", "--ulysses-degree", "8"], {}),
-    "serve-cfg-on-guidance-distilled-model": (["serve", "--model", "{tmp}/flux-dev", "--use-cfg-parallel"], {}),
-    "serve-port-taken": (["serve", "--port", "{port}"], {}),
+    "serve-max-queue-0": (["serve", "--max-queue", "0"], {}, "--max-queue must be >= 1"),
+    "serve-ulysses-above-heads": (["serve", "--ulysses-degree", "8"], {}, "exceeds the model's 4 attention heads"),
+    "serve-cfg-on-guidance-distilled-model": (["serve", "--model", "{tmp}/flux-dev", "--use-cfg-parallel"], {},
+                                              "is guidance-distilled"),
+    "serve-port-taken": (["serve", "--port", "{port}"], {}, "choose another --port"),
     "torchrun-world-of-the-wrong-size": (["generate", "--ulysses-degree", "2", "--output", "{tmp}/x.png"],
-                                         {"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "WORLD_SIZE": "3",
-                                          "LOCAL_RANK": "0"}),
+                                         _TORCHRUN_WORLD_OF_3, "torchrun started 3 ranks"),
+    "serve-torchrun-world-of-the-wrong-size": (["serve", "--ulysses-degree", "2", "--port", "0"],
+                                               _TORCHRUN_WORLD_OF_3, "torchrun started 3 ranks"),
 }
 
 # Runs each refusal in turn in one fresh interpreter; after each: its exit status and the heavy modules loaded.
 _REFUSE_ALL = """
-import json, os, sys
+import contextlib, io, json, os, sys
 from meshdit.cli import main
 results = {}
-for name, argv, env in json.loads(sys.argv[1]):
-    saved = dict(os.environ)
+for name, argv, env, message in json.loads(sys.argv[1]):
+    saved, err = dict(os.environ), io.StringIO()
     os.environ.update(env)
     try:
-        status = main(argv)
+        with contextlib.redirect_stderr(err):
+            status = main(argv)
     except SystemExit as exc:
         status = exc.code
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    results[name] = [status, [m for m in ("torch", "diffusers", "transformers") if m in sys.modules]]
+    heavy = [m for m in ("torch", "diffusers", "transformers", "numpy") if m in sys.modules]
+    results[name] = [status if message in err.getvalue() else err.getvalue(), heavy]
 print(json.dumps(results))
 """
 
 
 def test_refusals_come_before_the_heavy_imports(workdir):
-    """Every refusal (the table above, serve's, torchrun's) happens without importing torch, diffusers or
-    transformers: that is what keeps it under half a second."""
-    cases = [(name, ["generate", "--output", str(workdir / "out.png")] + flags, {})
-             for name, (flags, _) in BAD_INPUTS.items()]
-    cases += [(name, argv, env) for name, (argv, env) in OTHER_REFUSALS.items()]
+    """Every refusal (the table above, serve's, torchrun's) happens without importing torch, diffusers,
+    transformers or numpy: that is what keeps it under half a second."""
+    cases = [(name, ["generate", "--output", str(workdir / "out.png")] + flags, {}, message)
+             for name, (flags, message) in BAD_INPUTS.items()]
+    cases += [(name, argv, env, message) for name, (argv, env, message) in OTHER_REFUSALS.items()]
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         fill = {"{tmp}": str(workdir), "{port}": str(taken.getsockname()[1])}
-        for _, argv, _ in cases:
+        for _, argv, _, _ in cases:
             for i, arg in enumerate(argv):
                 for key, value in fill.items():
                     argv[i] = argv[i].replace(key, value)
@@ -201,7 +206,7 @@ def test_refusals_come_before_the_heavy_imports(workdir):
                               timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.splitlines()[-1])
-    assert {name: status for name, (status, _) in results.items() if status != 2} == {}
+    assert {name: status for name, (status, _) in results.items() if status != 2} == {}  # else: stderr
     first_heavy = next((name for name, (_, heavy) in results.items() if heavy), None)
     assert first_heavy is None, f"{first_heavy} imported {results[first_heavy][1]}"
 
