@@ -104,13 +104,14 @@ class ParallelConfig:
 
     def validate(self, world_size: int | None = None) -> None:
         """Checks that need no model: positive degrees, supported axes, world size."""
-        for f, spec in flag_specs(type(self)):
+        for f, spec in flag_specs(type(self)):  # the whole-number fields: degrees, patches, warmup steps
             value = getattr(self, f.name)
-            if value is None and f.name == "num_pipeline_patch":
+            whole_number = spec.argparse.get("type") is int or f.name == "cfg_degree"
+            if not whole_number or (value is None and f.name == "num_pipeline_patch"):
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 # --use-cfg-parallel is a switch: its message names the degree
-                flag = f.name.replace("_", " ") if spec.to_field else f"--{spec.name}"
+                flag = "cfg degree" if f.name == "cfg_degree" else f"--{spec.name}"
                 raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}: use {flag} 1 or more.")
         if self.cfg_degree not in (1, 2):
             raise ConfigError(f"cfg degree must be 1 or 2 (one rank group per guidance branch), got {self.cfg_degree}.")
