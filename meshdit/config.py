@@ -36,6 +36,8 @@ MESH_AXES = (MeshAxis.DP, MeshAxis.CFG, MeshAxis.PP, MeshAxis.RING, MeshAxis.ULY
 SP_AXES = (MeshAxis.RING, MeshAxis.ULYSSES)  # flattened into MeshAxis.SP
 IMAGE_AXES = (MeshAxis.CFG, MeshAxis.PP, MeshAxis.RING, MeshAxis.ULYSSES)  # flattened into MeshAxis.IMAGE
 
+# torch.compile backends --compile offers (the API takes any registered backend name).
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 MAX_SIDE = 8192  # pixels; larger sides are refused before anything allocates (a 100000 px side wanted 5 GB)
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
 
@@ -74,6 +76,11 @@ class ParallelConfig:
         1, flag="warmup-steps", type=int, metavar="K",
         help=f"PipeFusion: leading steps run on the whole image without stale K/V (default: 1; "
              f"{PIPEFUSION_WARMUP_COST})")
+    compile: str | None = flagged(
+        None, flag="compile", aliases=("use-torch-compile", "use_torch_compile"), nargs="?", const="inductor",
+        choices=COMPILE_BACKENDS, metavar="BACKEND",
+        help="torch.compile each transformer block (regional compilation) with BACKEND, inductor when none is "
+             "given; the first generate pays the compilation (README \"Compiled blocks\") (default: off, eager)")
 
     @property
     def world_size(self) -> int:
@@ -104,6 +111,8 @@ class ParallelConfig:
 
     def validate(self, world_size: int | None = None) -> None:
         """Checks that need no model: positive degrees, supported axes, world size."""
+        if self.compile is not None and (not isinstance(self.compile, str) or not self.compile):
+            raise ConfigError(f"--compile takes a torch.compile backend name such as 'inductor', got {self.compile!r}.")
         for f, spec in flag_specs(type(self)):  # the whole-number fields: degrees, patches, warmup steps
             value = getattr(self, f.name)
             whole_number = spec.argparse.get("type") is int or f.name == "cfg_degree"
