@@ -11,6 +11,8 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
+from .timeline import timeline
+
 
 class CommStats:
     """Bytes this rank sent, per kind of collective (for benchmarks).
@@ -63,7 +65,8 @@ def all_to_all_chunks(
     me = dist.get_rank(group)
     comm_stats.add("all_to_all", (sum(in_splits) - in_splits[me]) * flat_in.element_size(),
                    sum(in_splits) - in_splits[me])
-    dist.all_to_all_single(flat_out, flat_in, out_splits, in_splits, group=group)
+    with timeline.span("all_to_all"):
+        dist.all_to_all_single(flat_out, flat_in, out_splits, in_splits, group=group)
     return [c.view(s) for c, s in zip(flat_out.split(out_splits), recv_shapes)]
 
 
@@ -76,7 +79,8 @@ def _all_to_all_encoded(send, recv_shapes, group, codec) -> list[torch.Tensor]:
     out_splits = [codec.wire_bytes(s) if j != me else 0 for j, s in enumerate(recv_shapes)]
     flat_out = torch.empty(sum(out_splits), dtype=torch.uint8, device=send[0].device)
     comm_stats.add("all_to_all", sum(in_splits), sum(t.numel() for j, t in enumerate(send) if j != me))
-    dist.all_to_all_single(flat_out, torch.cat(wires), out_splits, in_splits, group=group)
+    with timeline.span("all_to_all"):
+        dist.all_to_all_single(flat_out, torch.cat(wires), out_splits, in_splits, group=group)
     parts = flat_out.split(out_splits)
     return [send[me].contiguous() if j == me else codec.decode(parts[j], s, send[me].dtype)
             for j, s in enumerate(recv_shapes)]
@@ -96,7 +100,8 @@ def all_gather_uneven(x: torch.Tensor, dim: int, lens: list[int], group: dist.Pr
     x = x.contiguous()
     parts = [torch.empty_like(x) for _ in range(world)]
     comm_stats.add("all_gather", x.numel() * x.element_size() * (world - 1), x.numel() * (world - 1))
-    dist.all_gather(parts, x, group=group)
+    with timeline.span("all_gather"):
+        dist.all_gather(parts, x, group=group)
     return torch.cat([p.narrow(dim, 0, n) for p, n in zip(parts, lens)], dim=dim)
 
 
@@ -132,11 +137,13 @@ class RingExchange:
             dist.P2POp(dist.isend, send, self.next_rank, self.group),
             dist.P2POp(dist.irecv, self._recv, self.prev_rank, self.group),
         ]
-        self._reqs = dist.batch_isend_irecv(ops)
+        with timeline.span("ring_post", self.prev_rank):
+            self._reqs = dist.batch_isend_irecv(ops)
 
     def wait(self) -> torch.Tensor:
-        for req in self._reqs:
-            req.wait()
+        with timeline.span("ring_wait", self.prev_rank):
+            for req in self._reqs:
+                req.wait()
         recv, self._recv, self._reqs = self._recv, None, []
         if self.codec is not None:
             recv = self.codec.decode(recv, self._shape, self._dtype)
@@ -151,15 +158,18 @@ def isend_tensor(tensor: torch.Tensor, dst: int, group: dist.ProcessGroup, codec
     numel = tensor.numel()
     buffer = codec.encode(tensor) if codec is not None else tensor.detach().contiguous().clone()
     comm_stats.add(kind, buffer.numel() * buffer.element_size(), numel)
-    return dist.isend(buffer, dst, group=group), buffer
+    with timeline.span("send_post", dst):
+        return dist.isend(buffer, dst, group=group), buffer
 
 
 def recv_tensor(shape, dtype: torch.dtype, device, src: int, group: dist.ProcessGroup, codec=None) -> torch.Tensor:
     """Receives what isend_tensor(…, codec) sent from global rank src."""
     if codec is None:
         buffer = torch.empty(shape, dtype=dtype, device=device)
-        dist.recv(buffer, src, group=group)
+        with timeline.span("recv", src):
+            dist.recv(buffer, src, group=group)
         return buffer
     wire = torch.empty(codec.wire_bytes(shape), dtype=torch.uint8, device=device)
-    dist.recv(wire, src, group=group)
+    with timeline.span("recv", src):
+        dist.recv(wire, src, group=group)
     return codec.decode(wire, shape, dtype)

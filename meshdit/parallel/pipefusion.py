@@ -20,6 +20,7 @@ from torch import nn
 from ..attention.ulysses import heads_to_seq, seq_to_heads
 from ..distributed.comm import all_gather_uneven, isend_tensor, recv_tensor
 from ..distributed.mesh import ParallelMesh
+from ..distributed.timeline import timeline
 from .plan import BlockList, PipelinePlan
 
 
@@ -191,13 +192,15 @@ class PipeFusion:
             view.copy_(view + received)
 
     def finish(self) -> None:
-        for work, _ in self._pending:
-            work.wait()
+        with timeline.span("send_wait"):
+            for work, _ in self._pending:
+                work.wait()
         self._pending = []
 
     def broadcast_from_last(self, tensor: torch.Tensor) -> torch.Tensor:
         """NOTE: every stage joins this broadcast."""
-        dist.broadcast(tensor, self.ranks[-1], group=self.group)
+        with timeline.span("broadcast"):
+            dist.broadcast(tensor, self.ranks[-1], group=self.group)
         return tensor
 
 

@@ -55,10 +55,12 @@ def local_branches(state: DenoiseState, cfg_group) -> tuple[list[str], list[str]
 
 def _exchange_branches(pred: torch.Tensor, branches: list[str], group: dist.ProcessGroup) -> dict:
     from ..distributed.comm import comm_stats
+    from ..distributed.timeline import timeline
 
     parts = [torch.empty_like(pred) for _ in branches]
     comm_stats.add("all_gather", pred.numel() * pred.element_size() * (len(branches) - 1))
-    dist.all_gather(parts, pred.contiguous(), group=group)
+    with timeline.span("all_gather"):
+        dist.all_gather(parts, pred.contiguous(), group=group)
     return dict(zip(branches, parts))
 
 
