@@ -107,7 +107,8 @@ class ParallelConfig:
 
     def describe(self) -> str:
         parts = [f"{k}{v}" for k, v in self.degrees.items() if v > 1]
-        return " x ".join(parts) if parts else "serial"
+        compiled = f", compiled ({self.compile})" if self.compile else ""
+        return (" x ".join(parts) if parts else "serial") + compiled
 
     def validate(self, world_size: int | None = None) -> None:
         """Checks that need no model: positive degrees, supported axes, world size."""

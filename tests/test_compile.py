@@ -46,3 +46,15 @@ def test_serial_inductor_equals_eager(run_ranks):
 def test_unknown_backend_is_refused(run_ranks):
     with pytest.raises(RankFailedError, match="is not a torch.compile backend"):
         run_ranks(1, compile_jobs.compiled_vs_eager, NAME, {}, 1, "no-such-backend")
+
+
+@pytest.mark.parametrize("argv, backend", [([], None), (["--compile"], "inductor"), (["--use_torch_compile"], "inductor"),
+                                           (["--compile", "aot_eager"], "aot_eager")])
+def test_compile_flag_sets_the_layout(argv, backend):
+    from meshdit.cli import build_parser
+    from meshdit.flags import layout_from_args
+
+    config, _ = layout_from_args(build_parser().parse_args(["generate", *argv]))
+    config.validate()
+    assert config.compile == backend
+    assert config.describe().endswith(f"compiled ({backend})") == (backend is not None)
