@@ -48,8 +48,8 @@ def test_unknown_backend_is_refused(run_ranks):
         run_ranks(1, compile_jobs.compiled_vs_eager, NAME, {}, 1, "no-such-backend")
 
 
-@pytest.mark.parametrize("argv, backend", [([], None), (["--compile"], "inductor"), (["--use_torch_compile"], "inductor"),
-                                           (["--compile", "aot_eager"], "aot_eager")])
+@pytest.mark.parametrize("argv, backend", [([], None), (["--compile"], "inductor"),
+                                           (["--use_torch_compile"], "inductor"), (["--compile", "aot_eager"], "aot_eager")])
 def test_compile_flag_sets_the_layout(argv, backend):
     from meshdit.cli import build_parser
     from meshdit.flags import layout_from_args

@@ -2,10 +2,11 @@
 
 As diffusers' `compile_repeated_blocks` does, each block module is compiled on its own rather than
 the whole transformer: blocks of one class share their compiled code (the weights are graph inputs),
-so a 57-block FLUX.1 compiles its two block classes (per input shape), not 57 blocks. Compiling comes last in `parallelize`, after PipeFusion has replaced other
-stages' blocks (their SkipBlocks stay eager) and FP8 has swapped the Linear layers.
+so a 57-block FLUX.1 compiles its two block classes (per input shape), not 57 blocks. Compiling
+comes last in `parallelize`, after PipeFusion has replaced other stages' blocks (their SkipBlocks
+stay eager) and FP8 has swapped the Linear layers.
 
-What stays outside the graphs, so that the compiled code is the same on every layout:
+What stays outside the graphs (it communicates):
 - the SDPA router (`parallel/sequence._routed_sdpa`, compiler-disabled): it runs the collectives of
   Ulysses, ring and PipeFusion's stale K/V. Under sequence parallelism or PipeFusion each attention
   call is one graph break (a FLUX block: two graphs, one before and one after its attention); serial
