@@ -1,8 +1,8 @@
-"""Compiled blocks vs eager on the benchmark model: `python -m benchmarks.compile [--tokens 1024] [--rounds 3]`.
+"""Compiled blocks vs eager on the benchmark model: `python -m benchmarks.compile [--tokens 1024] [--rounds 5]`.
 
 For serial, ulysses 2 and ring 2 (2 gloo ranks x 1 thread; serial runs on rank 0 while rank 1 waits),
-prints the steady-state time of one denoising step eager and with --compile (inductor by default), their
-ratio, the seconds the first compiled generate spent compiling (its time minus a steady compiled one), the
+prints the steady-state time of one denoising step eager and with --compile (inductor by default; the
+two engines timed in alternation, medians of the rounds), their ratio, the seconds the first compiled generate spent compiling (its time minus a steady compiled one), the
 graphs per block call, and the largest difference of the compiled image from the eager one. Each method
 runs in fresh rank processes with an empty inductor cache directory, so its compile seconds are cold.
 """
@@ -18,23 +18,21 @@ import warnings
 METHODS = {"serial": {}, "ulysses2": dict(ulysses_degree=2), "ring2": dict(ring_degree=2)}
 
 
-def _step_seconds(engine, request, rounds: int) -> float:
-    """Median over rounds of denoise seconds / steps; the slower rank's per round."""
+def _step_seconds(engine, request) -> float:
+    """Denoise seconds / steps of one generate; the slower rank's (a rank without an engine gives 0)."""
     import torch
     import torch.distributed as dist
 
-    times = []
-    for _ in range(rounds):
-        dist.barrier()
-        seconds = engine.generate(request).seconds["denoise"] / request.num_inference_steps if engine else 0.0
-        t = torch.tensor([seconds], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        times.append(float(t.item()))
-    return statistics.median(times)
+    dist.barrier()
+    seconds = engine.generate(request).seconds["denoise"] / request.num_inference_steps if engine else 0.0
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
 
 
 def compile_job(method: str, tokens: int, steps: int, rounds: int, backend: str) -> dict:
-    """One method on every rank of the pool: eager, then compiled, on the same weights."""
+    """One method on every rank of the pool: an eager and a compiled engine on copies of the same weights,
+    timed in alternation (so a busy machine slows both alike); medians over rounds."""
     warnings.filterwarnings("ignore")
     import torch
     import torch.distributed as dist
@@ -51,13 +49,12 @@ def compile_job(method: str, tokens: int, steps: int, rounds: int, backend: str)
     serial = method == "serial"
     runs = dist.get_rank() == 0 or not serial  # serial: rank 1 only joins the barriers
     request = _request(tokens, 64, steps, cfg=False)
-    pipe = flux_pipeline(FULL)
-
     handles = []  # serial: the compiled blocks (no mesh, so no parallelize; the API's regional compilation)
 
     def engine_for(compile_backend):
         if not runs:
             return None
+        pipe = flux_pipeline(FULL)  # same seed: same weights
         if serial:
             engine = Engine(pipe)
             if compile_backend:
@@ -65,27 +62,28 @@ def compile_job(method: str, tokens: int, steps: int, rounds: int, backend: str)
             return engine
         return Engine(pipe, mesh_for(ParallelConfig(**METHODS[method], compile=compile_backend)))
 
-    out = {"method": method}
-    engine = engine_for(None)
-    eager_image = engine.generate(request).images if engine else None  # warm-up
-    out["eager_step_s"] = _step_seconds(engine, request, rounds)
-    if engine:
-        engine.close()
-    engine = engine_for(_Counted.register(backend))
-    calls = _count_block_calls(pipe, engine) if engine else [0]  # before compiling: hooks are traced too
+    eager, compiled = engine_for(None), engine_for(_Counted.register(backend))
+    calls = _count_block_calls(compiled) if compiled else [0]  # before compiling: hooks are traced too
+    eager_image = eager.generate(request).images if eager else None  # warm-up
     dist.barrier()
     start = time.perf_counter()
-    compiled_image = engine.generate(request).images if engine else None
+    compiled_image = compiled.generate(request).images if compiled else None
     first = time.perf_counter() - start
     calls[0] = _Counted.runs = 0
-    out["compiled_step_s"] = _step_seconds(engine, request, rounds)
-    out["graphs_per_block_call"] = _Counted.runs / calls[0] if engine else None
+    times = {"eager": [], "compiled": []}
+    for _ in range(rounds):
+        times["eager"].append(_step_seconds(eager, request))
+        times["compiled"].append(_step_seconds(compiled, request))
+    out = {"method": method, "eager_step_s": statistics.median(times["eager"]),
+           "compiled_step_s": statistics.median(times["compiled"]), "times": times}
+    out["graphs_per_block_call"] = _Counted.runs / calls[0] if compiled else None
     out["compile_s"] = first - out["compiled_step_s"] * steps
-    if engine:
+    if compiled:
         out["max_abs_diff"] = float(abs(compiled_image - eager_image).max())
         for handle in handles:
             handle.remove()
-        engine.close()
+        eager.close()
+        compiled.close()
     return out
 
 
@@ -112,11 +110,11 @@ class _Counted:
         return name
 
 
-def _count_block_calls(pipe, engine) -> list[int]:
+def _count_block_calls(engine) -> list[int]:
     from meshdit.parallel.compile import blocks_of
 
     calls = [0]
-    for block in blocks_of(pipe.transformer, engine.info.family.pipeline_plan()):
+    for block in blocks_of(engine.pipe.transformer, engine.info.family.pipeline_plan()):
         block.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     return calls
 
@@ -125,7 +123,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=1024, help="image tokens (a square; default 1024)")
     parser.add_argument("--steps", type=int, default=4, help="denoising steps per generate (default 4)")
-    parser.add_argument("--rounds", type=int, default=3, help="timed generates per setting (default 3)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed generates per setting (default 5)")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (default inductor)")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     args = parser.parse_args(argv)
