@@ -3,8 +3,8 @@
 One Engine.generate of the benchmark model per method (serial, serial with CFG, ulysses 2, ring 2,
 PipeFusion 2 with 1 warmup step, CFG 2) on 2 gloo ranks x 1 thread, after a warm-up generate; every
 message the ranks send or wait for is recorded (meshdit.distributed.timeline) and split into compute,
-communication and waiting (benchmarks/timeline_chart.py says how). Writes timeline.svg (one bar per
-rank on one time axis) and timeline.md (seconds per category) under --out.
+communication and waiting (benchmarks/timeline_chart.py says how). Writes timeline.svg and .png (one bar
+per rank on one time axis) and timeline.md (seconds per category) under --out.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import time
 import warnings
 from pathlib import Path
 
-from .timeline_chart import COLOURS, segments, totals, write_svg
+from .timeline_chart import COLOURS, segments, totals, write_png, write_svg
 
 METHODS = {  # name -> (meshdit degrees, classifier-free guidance on)
     "serial": ({}, False), "serial-cfg": ({}, True), "ulysses2": (dict(ulysses_degree=2), False),
@@ -91,11 +91,12 @@ def main(argv=None) -> None:
     title = (f"benchmark model flux-7m, {args.tokens} image tokens, {args.steps} steps, one generate per method; "
              f"2 gloo ranks x 1 thread (load {load:.2f})")
     write_svg(rows, out / "timeline.svg", title)
+    write_png(rows, out / "timeline.png", title)
     header = ["| rank | generate s | compute s | communication s | waiting s | messages |", "|---|---|---|---|---|---|"]
     (out / "timeline.md").write_text(
         f"# Per-rank timeline\n\n`python -m benchmarks.timeline --tokens {args.tokens} --steps {args.steps}`; "
-        f"{title}. Chart: timeline.svg ({', '.join(COLOURS)}).\n\n" + "\n".join(header + table) + "\n")
-    print(f"wrote {out / 'timeline.svg'} and {out / 'timeline.md'}")
+        f"{title}. Chart: timeline.svg / timeline.png ({', '.join(COLOURS)}).\n\n" + "\n".join(header + table) + "\n")
+    print(f"wrote {out / 'timeline.svg'}, {out / 'timeline.png'} and {out / 'timeline.md'}")
 
 
 if __name__ == "__main__":

@@ -100,3 +100,32 @@ def write_svg(rows: list[tuple[str, list, float]], path, title: str) -> None:
                      f'<text x="{x + 16}" y="{axis_y + 41}">{category}</text>')
     parts.append("</svg>")
     path.write_text("\n".join(parts))
+
+
+def write_png(rows: list[tuple[str, list, float]], path, title: str) -> None:
+    """The same chart as write_svg, drawn with PIL (for viewers without SVG)."""
+    from PIL import Image, ImageDraw
+
+    span = max((seg[-1][2] - origin for _, seg, origin in rows if seg), default=1.0)
+    left, width, row_h, top = 230, 900, 26, 50
+    height = top + row_h * len(rows) + 60
+    scale = width / span
+    img = Image.new("RGB", (left + width + 20, height), "white")
+    draw = ImageDraw.Draw(img)
+    draw.text((10, 8), title, fill="black")
+    for i, (label, segs, origin) in enumerate(rows):
+        y = top + i * row_h
+        draw.text((10, y + 4), label, fill="black")
+        for category, a, b in segs:
+            x0 = left + (a - origin) * scale
+            draw.rectangle([x0, y, x0 + max((b - a) * scale, 0.5), y + row_h - 6], fill=COLOURS[category])
+    axis_y = top + row_h * len(rows) + 5
+    for tick in range(6):
+        x = left + tick * width / 5
+        draw.line([x, axis_y, x, axis_y + 5], fill="black")
+        draw.text((x - 10, axis_y + 8), f"{tick * span / 5:.2f} s", fill="black")
+    for j, (category, colour) in enumerate(COLOURS.items()):
+        x = left + j * 160
+        draw.rectangle([x, axis_y + 30, x + 12, axis_y + 42], fill=colour)
+        draw.text((x + 16, axis_y + 30), category, fill="black")
+    img.save(path)
