@@ -4,7 +4,7 @@ every exact layout; PipeFusion with one warmup step loses at most 2 points).
     python -m benchmarks.default_model_layouts [--limit N] [--out benchmarks/results/default_model_layouts.md]
 
 Every layout generates each evaluation prompt with seed (seed + index), like
-`python -m meshdit.default_model.evaluate`, through meshdit's Engine on a pool of gloo ranks.
+`python -m default_model.evaluate`, through meshdit's Engine on a pool of gloo ranks.
 """
 from __future__ import annotations
 
@@ -59,8 +59,8 @@ def generate_all(degrees: dict, prompts: list[str], seed: int, fp8_kwargs: dict 
 
 def main() -> None:
     from meshdit.config import ParallelConfig
-    from meshdit.default_model import dataset
-    from meshdit.default_model.evaluate import score_image
+    from default_model import dataset
+    from default_model.evaluate import score_image
     from meshdit.testing.rank_pool import close_all_pools, get_pool
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -32,8 +32,8 @@ ORDER = [("serial", "none"), ("serial", "all"), ("ulysses 2", "all"), ("ring 2",
 
 def main() -> None:
     from meshdit.config import ParallelConfig
-    from meshdit.default_model import dataset
-    from meshdit.default_model.evaluate import score_image
+    from default_model import dataset
+    from default_model.evaluate import score_image
     from meshdit.testing.rank_pool import close_all_pools, get_pool
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

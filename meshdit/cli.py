@@ -6,7 +6,7 @@ import sys
 from . import __version__
 from .errors import ConfigError, RankFailedError
 from .flags import (FlagParser, add_layout_flags, add_model_flags, add_output_flags, add_request_flags,
-                    layout_from_args, request_from_args)
+                    layout_from_args, model_from_args, request_from_args)
 from .preflight import check_output_writable, read_prompt_file
 from .loading.cli_flags import add_loading_flags, loading_options
 from .quant.cli_flags import add_fp8_flags, fp8_config_from_args
@@ -44,12 +44,7 @@ def model_and_request(args):
         prompts = [DEFAULT_PROMPT]
     request = request_from_args(args, prompts)
     request.validate()  # value ranges first: they need no model
-    if args.model is None:
-        from .default_model import weights_path
-
-        model = str(weights_path())
-    else:
-        model = args.model
+    model = model_from_args(args)
     info = ModelInfo.from_pretrained(model)
     return model, info, request.with_defaults(info.request_defaults())
 

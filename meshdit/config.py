@@ -1,44 +1,86 @@
-"""Parallel layout and generation settings, validated before any rank starts."""
+"""Parallel layout and generation settings, validated before any rank starts.
+
+Each field that `meshdit generate` sets carries its flag (`flag_spec.flagged`): the flag's name, xDiT's
+spelling and the help text are written here once, and `meshdit.flags` builds the command line from them.
+"""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
+from enum import Enum
 
 from .errors import ConfigError
+from .flag_spec import flag_specs, flagged
+
+
+class MeshAxis(str, Enum):
+    """The names of the mesh's axes and of the groups derived from them (a str, so `mesh.group("pp")` works too)."""
+
+    DP = "dp"
+    CFG = "cfg"
+    PP = "pp"
+    RING = "ring"
+    ULYSSES = "ulysses"
+    SP = "sp"
+    """Derived (SP_AXES): ring x ulysses, the ranks that share one sequence."""
+    IMAGE = "image"
+    """Derived (IMAGE_AXES): cfg x pp x ring x ulysses, the ranks that share one image."""
+
+    def __str__(self) -> str:
+        return self.value
+
 
 # Mesh axes, outermost to innermost (DESIGN.md): Ulysses groups are contiguous
 # ranks, ring groups strided, then pipefusion, cfg and data outside them.
-MESH_AXES = ("dp", "cfg", "pp", "ring", "ulysses")
+MESH_AXES = (MeshAxis.DP, MeshAxis.CFG, MeshAxis.PP, MeshAxis.RING, MeshAxis.ULYSSES)
+SP_AXES = (MeshAxis.RING, MeshAxis.ULYSSES)  # flattened into MeshAxis.SP
+IMAGE_AXES = (MeshAxis.CFG, MeshAxis.PP, MeshAxis.RING, MeshAxis.ULYSSES)  # flattened into MeshAxis.IMAGE
 
-# The flag that sets each ParallelConfig field, for messages (cfg_degree is --use-cfg-parallel's 2).
-_LAYOUT_FLAGS = {
-    "data_parallel_degree": "--data-parallel-degree", "cfg_degree": "cfg degree",
-    "pipefusion_parallel_degree": "--pipefusion-parallel-degree", "ring_degree": "--ring-degree",
-    "ulysses_degree": "--ulysses-degree", "num_pipeline_patch": "--num-pipeline-patch",
-    "warmup_steps": "--warmup-steps",
-}
+# torch.compile backends --compile offers (the API takes any registered backend name).
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 MAX_SIDE = 8192  # pixels; larger sides are refused before anything allocates (a 100000 px side wanted 5 GB)
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
+
+# The bundled model's own settings, as the help texts quote them (meshdit/default_model/__init__.py).
+BUNDLED = "meshdit's bundled model"
+PIPEFUSION_WARMUP_COST = (
+    "with 1 warmup step of 20 the README's prompt on the bundled model gives 28.2 dB PSNR against serial and "
+    "faint stripes; --warmup-steps equal to --steps gives the serial image exactly")
 
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Degree of every mesh axis. Their product is the world size."""
+    """Degree of every mesh axis (their product is the world size), and PipeFusion's settings."""
 
-    data_parallel_degree: int = 1
-    """Prompts (requests) split across this many groups."""
-    cfg_degree: int = 1
-    """2 runs the conditional and unconditional branches on different ranks."""
-    pipefusion_parallel_degree: int = 1
-    """Transformer blocks split into this many pipeline stages."""
-    ring_degree: int = 1
-    """Ring attention: K/V blocks passed around a ring of this many ranks."""
-    ulysses_degree: int = 1
-    """Ulysses attention: all-to-all between sequence and head shards."""
-    num_pipeline_patch: int | None = None
-    """PipeFusion: patches the image is cut into along its height (default: the pipefusion degree)."""
-    warmup_steps: int = 1
-    """PipeFusion: leading steps run on the whole image, without stale K/V (all steps: exact)."""
+    data_parallel_degree: int = flagged(
+        1, flag="data-parallel-degree", type=int, metavar="D",
+        help="split the images (prompts x images per prompt) over D rank groups (default: 1)")
+    cfg_degree: int = flagged(
+        1, flag="use-cfg-parallel", action="store_true", cli_default=False, to_field=lambda on: 2 if on else 1,
+        help="run the conditional and unconditional guidance branches on two rank groups (default: off)")
+    pipefusion_parallel_degree: int = flagged(
+        1, flag="pipefusion-parallel-degree", type=int, metavar="P",
+        help="PipeFusion: transformer blocks in P pipeline stages over image patches, with one-step-stale "
+             "K/V after the warmup steps (approximate; default: 1, off)")
+    ring_degree: int = flagged(
+        1, flag="ring-degree", type=int, metavar="R",
+        help="ring attention: K/V blocks passed around R ranks (default: 1)")
+    ulysses_degree: int = flagged(
+        1, flag="ulysses-degree", type=int, metavar="U",
+        help="Ulysses sequence parallelism: all-to-all between sequence and head shards; at most the model's "
+             "attention heads (default: 1)")
+    num_pipeline_patch: int | None = flagged(
+        None, flag="num-pipeline-patch", type=int, metavar="M",
+        help="PipeFusion: patches along the image height (default: the PipeFusion degree)")
+    warmup_steps: int = flagged(
+        1, flag="warmup-steps", type=int, metavar="K",
+        help=f"PipeFusion: leading steps run on the whole image without stale K/V (default: 1; "
+             f"{PIPEFUSION_WARMUP_COST})")
+    compile: str | None = flagged(
+        None, flag="compile", aliases=("use-torch-compile", "use_torch_compile"), nargs="?", const="inductor",
+        choices=COMPILE_BACKENDS, metavar="BACKEND",
+        help="torch.compile each transformer block (regional compilation) with BACKEND, inductor when none is "
+             "given; the first generate pays the compilation (README \"Compiled blocks\") (default: off, eager)")
 
     @property
     def world_size(self) -> int:
@@ -48,11 +90,11 @@ class ParallelConfig:
     def degrees(self) -> dict[str, int]:
         """Degree per mesh axis name, outermost first."""
         return {
-            "dp": self.data_parallel_degree,
-            "cfg": self.cfg_degree,
-            "pp": self.pipefusion_parallel_degree,
-            "ring": self.ring_degree,
-            "ulysses": self.ulysses_degree,
+            MeshAxis.DP: self.data_parallel_degree,
+            MeshAxis.CFG: self.cfg_degree,
+            MeshAxis.PP: self.pipefusion_parallel_degree,
+            MeshAxis.RING: self.ring_degree,
+            MeshAxis.ULYSSES: self.ulysses_degree,
         }
 
     @property
@@ -65,16 +107,21 @@ class ParallelConfig:
 
     def describe(self) -> str:
         parts = [f"{k}{v}" for k, v in self.degrees.items() if v > 1]
-        return " x ".join(parts) if parts else "serial"
+        compiled = f", compiled ({self.compile})" if self.compile else ""
+        return (" x ".join(parts) if parts else "serial") + compiled
 
     def validate(self, world_size: int | None = None) -> None:
         """Checks that need no model: positive degrees, supported axes, world size."""
-        for f in fields(self):
+        if self.compile is not None and (not isinstance(self.compile, str) or not self.compile):
+            raise ConfigError(f"--compile takes a torch.compile backend name such as 'inductor', got {self.compile!r}.")
+        for f, spec in flag_specs(type(self)):  # the whole-number fields: degrees, patches, warmup steps
             value = getattr(self, f.name)
-            if value is None and f.name == "num_pipeline_patch":
+            whole_number = spec.argparse.get("type") is int or f.name == "cfg_degree"
+            if not whole_number or (value is None and f.name == "num_pipeline_patch"):
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                flag = _LAYOUT_FLAGS.get(f.name, f.name)
+                # --use-cfg-parallel is a switch: its message names the degree
+                flag = "cfg degree" if f.name == "cfg_degree" else f"--{spec.name}"
                 raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}: use {flag} 1 or more.")
         if self.cfg_degree not in (1, 2):
             raise ConfigError(f"cfg degree must be 1 or 2 (one rank group per guidance branch), got {self.cfg_degree}.")
@@ -102,18 +149,38 @@ class RequestDefaults:
 
 @dataclass
 class GenerateRequest:
-    """One generation: what to draw and how. Fields mirror `meshdit generate` flags.
+    """One generation: what to draw and how; each field carries its `meshdit generate` flag.
 
     Unset (None) values take the model's defaults (Engine.generate, and the CLI, fill them the same way)."""
 
-    prompt: str | list[str] = "a red circle on a white background"
-    negative_prompt: str | None = None
-    height: int | None = None
-    width: int | None = None
-    num_inference_steps: int | None = None
-    guidance_scale: float | None = None
-    seed: int = 0
-    num_images_per_prompt: int = 1
+    prompt: str | list[str] = flagged(
+        "a red circle on a white background", flag="prompt", action="extend", nargs="+", metavar="TEXT",
+        cli_default=None,
+        help="one or more prompts; repeatable: --prompt 'a' 'b' or --prompt 'a' --prompt 'b' "
+             "(default: the bundled model's example prompt when neither --prompt nor --prompt-file is given)")
+    negative_prompt: str | None = flagged(
+        None, flag="negative-prompt", metavar="TEXT",
+        help="what to steer away from, with classifier-free guidance (default: empty)")
+    height: int | None = flagged(
+        None, flag="height", type=int, metavar="H",
+        help=f"image height in pixels, 1..8192 and a multiple of the model's patch size "
+             f"(default: the model's; {BUNDLED}: 256)")
+    width: int | None = flagged(
+        None, flag="width", type=int, metavar="W",
+        help=f"image width in pixels, like --height (default: the model's; {BUNDLED}: 256)")
+    num_inference_steps: int | None = flagged(
+        None, flag="steps", aliases=("num-inference-steps", "num_inference_steps"), type=int, metavar="N",
+        help=f"denoising steps, >= 1 (default: the model family's, e.g. FLUX.1 28; {BUNDLED}: 20)")
+    guidance_scale: float | None = flagged(
+        None, flag="guidance-scale", type=float, metavar="G",
+        help=f"guidance scale, a finite number; > 1 turns classifier-free guidance on where the model uses it "
+             f"(default: the model family's, e.g. FLUX.1 3.5; {BUNDLED}: 3.0)")
+    seed: int = flagged(
+        0, flag="seed", type=int, metavar="S",
+        help="random seed of the initial noise, 0..2**64-1; the same seed gives the same image on every "
+             "layout (default: 0)")
+    num_images_per_prompt: int = flagged(
+        1, flag="num-images-per-prompt", type=int, metavar="K", help="images per prompt, >= 1 (default: 1)")
     extra: dict = field(default_factory=dict)
     """Extra keyword arguments for the pipeline family's recipe (e.g. max_sequence_length)."""
 

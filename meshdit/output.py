@@ -10,8 +10,6 @@ import errno
 import os
 import tempfile
 
-import numpy as np
-
 from .errors import ConfigError
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".npy")
@@ -78,8 +76,9 @@ def _write_atomic(path: str, write) -> None:
         raise
 
 
-def save_images(images: np.ndarray, pattern: str, start_index: int = 0) -> list[str]:
+def save_images(images, pattern: str, start_index: int = 0) -> list[str]:
     """images: [N, H, W, 3] float in [0, 1]. Returns the paths written (exactly as named)."""
+    import numpy as np  # here, not at the top: a refused command is checked before numpy loads
     from PIL import Image
 
     paths = []

@@ -1,6 +1,9 @@
 """meshdit's default model: a tiny text-to-image DiT (diffusers FluxPipeline format)
 trained by the project on procedural captioned shapes. See weights/README.md.
 
+Only what `meshdit generate` needs lives here (the weights and the settings they were trained for);
+the trainer, dataset and evaluator are the repository's top-level `default_model/` package.
+
     from diffusers import FluxPipeline
     from meshdit.default_model import weights_path, generation_kwargs
     pipe = FluxPipeline.from_pretrained(weights_path())

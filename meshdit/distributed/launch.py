@@ -39,6 +39,14 @@ def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
 
+def check_torchrun_world(world_size: int) -> None:
+    """Under torchrun, the world torchrun made must have the degrees' product of ranks."""
+    if under_torchrun() and int(os.environ["WORLD_SIZE"]) != world_size:
+        raise ConfigError(
+            f"torchrun started {os.environ['WORLD_SIZE']} ranks but the degrees multiply to {world_size}: change "
+            f"--nproc-per-node/--nnodes so that they give {world_size} ranks, or change the degrees.")
+
+
 def launch(entry: Callable[[Any], None], payload: Any, world_size: int) -> None:
     """Runs entry(payload) on `world_size` ranks and returns when every rank has finished.
 
@@ -47,12 +55,8 @@ def launch(entry: Callable[[Any], None], payload: Any, world_size: int) -> None:
     spawned here on a free loopback port (one process in-place when world_size is 1).
     Raises RankFailedError naming the first failing rank; KeyboardInterrupt on Ctrl-C or SIGTERM.
     """
+    check_torchrun_world(world_size)
     if under_torchrun():
-        have = int(os.environ["WORLD_SIZE"])
-        if have != world_size:
-            raise ConfigError(
-                f"torchrun started {have} ranks but the degrees multiply to {world_size}: change "
-                f"--nproc-per-node/--nnodes so that they give {world_size} ranks, or change the degrees.")
         _run_in_process(entry, payload)
         return
     with _sigterm_as_interrupt():

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from ..config import MESH_AXES, ParallelConfig
+from ..config import IMAGE_AXES, MESH_AXES, SP_AXES, MeshAxis, ParallelConfig
 from .ports import free_port
 from .watch import joined_world
 
@@ -67,15 +67,17 @@ class ParallelMesh:
     def build(cls, config: ParallelConfig, device: torch.device) -> "ParallelMesh":
         config.validate(dist.get_world_size())
         shape = tuple(config.degrees[a] for a in MESH_AXES)
-        mesh = init_device_mesh(device.type, shape, mesh_dim_names=MESH_AXES)
+        mesh = init_device_mesh(device.type, shape, mesh_dim_names=tuple(a.value for a in MESH_AXES))
         # NOTE: flattening creates a process group, so every rank builds it here,
         # in the same order, whether or not it uses sequence parallelism.
-        sp_mesh = mesh["ring", "ulysses"]._flatten("sp")
-        image_mesh = mesh["cfg", "pp", "ring", "ulysses"]._flatten("image")
+        sp_mesh = mesh[tuple(a.value for a in SP_AXES)]._flatten(MeshAxis.SP.value)
+        image_mesh = mesh[tuple(a.value for a in IMAGE_AXES)]._flatten(MeshAxis.IMAGE.value)
         return cls(config, mesh, device, sp_mesh, image_mesh)
 
-    def _axis(self, axis: str) -> DeviceMesh:
-        return {"sp": self.sp_mesh, "image": self.image_mesh}.get(axis) or self.mesh[axis]
+    def _axis(self, axis: str) -> DeviceMesh:  # a MeshAxis, or its name
+        axis = MeshAxis(axis)  # a misspelt name fails here: ValueError "... is not a valid MeshAxis"
+        derived = {MeshAxis.SP: self.sp_mesh, MeshAxis.IMAGE: self.image_mesh}
+        return derived[axis] if axis in derived else self.mesh[axis.value]
 
     def group(self, axis: str) -> dist.ProcessGroup:
         return self._axis(axis).get_group()

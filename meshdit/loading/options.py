@@ -1,15 +1,23 @@
 """What the user asked of loading (flags or Python), and what it means on a given layout."""
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
+
+from ..flag_spec import flagged
 
 TRANSPORTS = ("auto", "shared", "broadcast")
 
 
 @dataclass
 class LoadOptions:
-    memory_efficient: bool | None = None  # None: on for multi-rank runs, off for one rank
-    text_encoder_device: str | None = None  # None: the rank's device; "cpu" keeps text encoders on the CPU
+    memory_efficient: bool | None = flagged(
+        None, flag="memory-efficient-load", aliases=("memory_efficient_replicated_load",),
+        action=argparse.BooleanOptionalAction,
+        help="one copy of the weights in host memory however many ranks (default: on for multi-rank runs)")
+    text_encoder_device: str | None = flagged(
+        None, flag="text-encoder-device", choices=["cpu"],
+        help="keep the text encoders on the CPU (default: the rank's device)")
     # How the weights reach the ranks. "shared": every CPU rank maps the same read-only file pages
     # (one copy in host memory); "broadcast": rank 0 reads tensor by tensor and sends each to the
     # ranks that need it (GPU ranks). "auto": shared on CPU, broadcast otherwise.

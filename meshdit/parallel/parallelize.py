@@ -21,6 +21,10 @@ def parallelize(pipe, family: ModelFamily, mesh: ParallelMesh | SingleProcessMes
 
     done = Parallelized(mesh)
     config = mesh.config
+    if config.compile:
+        from .compile import check_backend
+
+        check_backend(config.compile)  # before any hook is installed
     device = mesh.device
     backend = runtime.attention_backend(fp8, device)
     if backend is not None:  # attention no sequence-parallel hook routes (serial, cross-attention)
@@ -37,4 +41,8 @@ def parallelize(pipe, family: ModelFamily, mesh: ParallelMesh | SingleProcessMes
     if fp8 is not None and fp8.gemm:
         # after PipeFusion's split: stages balance as without FP8, and only this stage's blocks are quantized
         runtime.quantize_transformer(pipe.transformer, [spec.path for spec in family.pipeline_plan().blocks])
+    if config.compile:  # last: the blocks this stage keeps, FP8 Linear layers included
+        from .compile import compile_blocks
+
+        done.handles += compile_blocks(pipe.transformer, family.pipeline_plan(), config.compile)
     return done

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 
+import torch
 from torch import nn
 
 from ..attention.stale_kv import StaleKV
@@ -72,7 +73,9 @@ class PipeFusion:
 
     # NOTE: stage s sends to s+1 exactly the tensors s+1 receives, in the same
     # order, once per forward; every rank runs the same sequence of forwards.
+    # Under --compile the stage hooks run eagerly (compiler.disable): their p2p cannot be traced.
     def _receive_hook(self, spec: BlockList):
+        @torch.compiler.disable
         def hook(module, args, kwargs):
             named = _named(module, args, kwargs)
             for name in spec.carry:
@@ -82,6 +85,7 @@ class PipeFusion:
         return hook
 
     def _send_hook(self, spec: BlockList):
+        @torch.compiler.disable
         def hook(module, args, kwargs):
             named = _named(module, args, kwargs)
             for name in spec.carry:

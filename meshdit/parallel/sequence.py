@@ -8,7 +8,6 @@ untouched.
 """
 from __future__ import annotations
 
-import contextvars
 import fnmatch
 import inspect
 from contextlib import contextmanager
@@ -123,12 +122,26 @@ class _ActiveAttention:
                              state.lse_attention, state.codecs)
 
 
-_ACTIVE: contextvars.ContextVar[_ActiveAttention | None] = contextvars.ContextVar("meshdit_sp_attention",
-                                                                                 default=None)
-_BACKEND: contextvars.ContextVar[object] = contextvars.ContextVar("meshdit_attention_backend", default=None)
+class _WhileRunning:
+    """A value that hooks set while a module runs (innermost last), read by the SDPA router.
+
+    A plain list rather than a ContextVar: torch.compile traces a list append inside a compiled
+    block (ContextVar.set would break the graph there), and a rank runs one forward at a time.
+    """
+
+    def __init__(self) -> None:
+        self.stack: list = []
+
+    def get(self):
+        return self.stack[-1] if self.stack else None
+
+
+_ACTIVE = _WhileRunning()  # the _ActiveAttention of the sequence-parallel attention module running now
+_BACKEND = _WhileRunning()  # the attention backend (FP8) of the attention module running now
 _ORIGINAL_SDPA = F.scaled_dot_product_attention
 
 
+@torch.compiler.disable  # collectives inside: under --compile, one graph break per attention call
 def _routed_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
     active = _ACTIVE.get()
     if active is None:
@@ -187,19 +200,18 @@ def apply_attention_backend(transformer: torch.nn.Module, backend) -> list:
     return handles
 
 
-def _set_during_forward(module: torch.nn.Module, var: contextvars.ContextVar, value) -> list:
+def _set_during_forward(module: torch.nn.Module, var: _WhileRunning, value) -> list:
     """Hooks that set `var` to `value` while `module` runs (its attention calls see it); returns the handles.
 
-    Tokens live in this closure, not on the diffusers module, so nothing is left on it.
+    Nothing is left on the diffusers module; inside a compiled block the hooks trace without a graph break.
     """
-    tokens = []
 
     def enter(_mod, _args):
-        tokens.append(var.set(value))
+        var.stack.append(value)
 
     def leave(_mod, _args, _out):
-        if tokens:
-            var.reset(tokens.pop())
+        if var.stack:
+            var.stack.pop()
 
     return [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
 

@@ -4,20 +4,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..flag_spec import flagged
 
 ATTENTION_BACKENDS = ("sdpa", "fp8")
 
 
 @dataclass(frozen=True)
 class Fp8Config:
-    gemm: bool = False
-    """Linear layers of the transformer's block lists hold FP8 weights; activations are quantized per token."""
-    attention: str = "sdpa"
-    """"fp8": Q, K, V and the probabilities quantized to FP8 with per-block scales."""
-    comm: bool = False
-    """Ulysses, ring and PipeFusion payloads travel as FP8 with per-token scales."""
-    comm_k: bool = False
-    """With comm: also Ulysses' K (kept in the working dtype by default: K errors hit the softmax hardest)."""
+    """Each field carries its `meshdit generate` flag (README "FP8": each option's measured error)."""
+
+    gemm: bool = flagged(
+        False, flag="fp8-gemm", aliases=("use_fp8_gemms", "use-fp8-gemms"), action="store_true",
+        help="FP8 weights (per-output-channel scales) and per-token FP8 activations in the transformer blocks' "
+             "Linear layers, through torch._scaled_mm (default: off)")
+    attention: str = flagged(
+        "sdpa", flag="attention-backend", choices=ATTENTION_BACKENDS,
+        help="fp8: Q, K, V and probabilities in FP8 with per-block scales (a real kernel on GPUs that have one, "
+             "else an emulation) (default: sdpa)")
+    comm: bool = flagged(
+        False, flag="fp8-comm", action="store_true",
+        help="Ulysses, ring and PipeFusion traffic as FP8 with per-token scales (about half the bytes; "
+             "default: off)")
+    comm_k: bool = flagged(
+        False, flag="fp8-comm-k", action="store_true",
+        help="with --fp8-comm: Ulysses' K in FP8 too (default: off, K stays in the working dtype: K errors hit "
+             "the softmax hardest)")
 
     @property
     def enabled(self) -> bool:

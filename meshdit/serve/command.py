@@ -5,12 +5,14 @@ import argparse
 import os
 import socket
 
+from ..config import ParallelConfig
 from ..errors import ConfigError
+from ..flag_spec import flag_specs
+from ..vae.settings import VaeDecodeSettings
 
-# generate's flags that serve shares: model, layout, VAE, and the request defaults
-SHARED = ("model", "height", "width", "steps", "guidance_scale", "max_sequence_length", "dtype", "ulysses_degree",
-          "ring_degree", "pipefusion_parallel_degree", "num_pipeline_patch", "warmup_steps", "data_parallel_degree",
-          "use_cfg_parallel", "use_parallel_vae", "vae_tile_height", "vae_tile_width", "vae_tile_overlap", "verbose")
+# generate's flags that serve shares: model, every layout and VAE flag, and the request defaults
+SHARED = ("model", "dtype", "verbose", "height", "width", "steps", "guidance_scale", "max_sequence_length") + tuple(
+    spec.dest for settings in (ParallelConfig, VaeDecodeSettings) for _, spec in flag_specs(settings))
 
 
 def add_serve_parser(commands, generate_parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -32,15 +34,9 @@ def add_serve_parser(commands, generate_parser: argparse.ArgumentParser) -> argp
 
 
 def serve_command(args) -> int:
-    from ..flags import layout_from_args
-    from .server_state import ServeSettings
+    from ..flags import layout_from_args, model_from_args
 
-    if args.model is None:
-        from ..default_model import weights_path
-
-        model = str(weights_path())
-    else:
-        model = args.model
+    model = model_from_args(args)
     config, vae = layout_from_args(args)
     config.validate()
     vae.validate()
@@ -55,6 +51,11 @@ def serve_command(args) -> int:
     height, width = args.height or info.default_size, args.width or info.default_size
     info.check(config, height, width, args.guidance_scale, max(config.data_parallel_degree, 1))
     _check_port(args.host, args.port)
+    from ..distributed.launch import check_torchrun_world
+
+    check_torchrun_world(config.world_size)
+    from .server_state import ServeSettings  # numpy and the server's modules: only once every check passed
+
     settings = ServeSettings(
         model=model, config=config, height=height, width=width, steps=args.steps,
         guidance_scale=args.guidance_scale, max_sequence_length=args.max_sequence_length, host=args.host,

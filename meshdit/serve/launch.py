@@ -12,8 +12,8 @@ import os
 import signal
 import time
 
-from ..distributed.launch import under_torchrun
-from ..errors import ConfigError
+from ..distributed.launch import check_torchrun_world, under_torchrun
+from ..distributed.ports import free_port
 from .server_state import ServeSettings
 
 _STOP_GRACE_S = 15.0  # after the first rank exits, how long the others get to exit by themselves
@@ -40,10 +40,8 @@ def _rank_main(rank: int, world_size: int, settings: ServeSettings) -> None:
 def serve_ranks(settings: ServeSettings) -> int:
     """Runs the server until it is stopped; returns the exit status (0 after a drain)."""
     world_size = settings.config.world_size
+    check_torchrun_world(world_size)  # serve_command checked it already; API callers get it here
     if under_torchrun() or world_size == 1:
-        if under_torchrun() and int(os.environ["WORLD_SIZE"]) != world_size:
-            raise ConfigError(f"torchrun started {os.environ['WORLD_SIZE']} ranks but the degrees multiply to "
-                              f"{world_size}: change --nproc-per-node/--nnodes or the degrees.")
         if not under_torchrun():
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
             settings.spawned = False
@@ -52,7 +50,7 @@ def serve_ranks(settings: ServeSettings) -> int:
         run_serve(settings)
         return 0
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = os.environ.get("MASTER_PORT") or str(_free_port())
+    os.environ["MASTER_PORT"] = os.environ.get("MASTER_PORT") or str(free_port())
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_rank_main, args=(rank, world_size, settings), name=f"meshdit-rank{rank}")
              for rank in range(world_size)]
@@ -94,10 +92,3 @@ def _watch(procs) -> int:
           "every rank was stopped", flush=True)
     return 1
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

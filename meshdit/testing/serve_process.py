@@ -10,17 +10,11 @@ from pathlib import Path
 
 import httpx
 
+from ..distributed.ports import free_port
+
 REPO = Path(__file__).resolve().parents[2]  # the checkout (PYTHONPATH for the server)
 KEY = "test-key-5f1d0c"
 SMALL = ["--height", "64", "--width", "64", "--steps", "4"]  # the bundled model, small and quick
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

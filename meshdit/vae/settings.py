@@ -4,24 +4,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..flag_spec import flag_text, flagged
 
 
 @dataclass
 class VaeDecodeSettings:
-    """Settings of meshdit.vae.decode (CLI flags in comments).
+    """Settings of meshdit.vae.decode; each field carries its `meshdit generate` flag.
 
     Tiling is on when tile_height or tile_width is set; an unset one means no
     tiling along that axis (the tile spans the whole image that way).
     """
 
-    parallel: bool = False
-    """--use-parallel-vae: split the latent into row bands over the ranks (exact)."""
-    tile_height: int | None = None
-    """--vae-tile-height: tile height in pixels of the output image."""
-    tile_width: int | None = None
-    """--vae-tile-width: tile width in pixels of the output image."""
-    tile_overlap: int = 64
-    """--vae-tile-overlap: pixels neighbouring tiles share; linear cross-fade over them."""
+    parallel: bool = flagged(
+        False, flag="use-parallel-vae", action="store_true",
+        help="decode in row bands over the ranks; exact (default: off, rank 0 decodes alone)")
+    tile_height: int | None = flagged(
+        None, flag="vae-tile-height", type=int, metavar="PX",
+        help="tiled decode: tile height in output pixels (default: no tiling)")
+    tile_width: int | None = flagged(
+        None, flag="vae-tile-width", type=int, metavar="PX",
+        help="tiled decode: tile width in output pixels (default: no tiling)")
+    tile_overlap: int = flagged(
+        64, flag="vae-tile-overlap", type=int, metavar="PX",
+        help="tiled decode: pixels neighbouring tiles share, cross-faded linearly (default: 64)")
 
     @property
     def tiled(self) -> bool:
@@ -33,30 +38,29 @@ class VaeDecodeSettings:
         sizes before any weights load; decode() checks again against the VAE it is given."""
         if not isinstance(self.parallel, bool):
             raise ConfigError(f"VAE parallel must be True or False, got {self.parallel!r}.")
-        for name, flag in (("tile_height", "--vae-tile-height"), ("tile_width", "--vae-tile-width")):
-            value = getattr(self, name)
+        for name in ("tile_height", "tile_width"):
+            value, flag = getattr(self, name), flag_text(VaeDecodeSettings, name)
             if value is None:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{flag} must be a whole number of pixels >= 1, got {value!r}; e.g. {flag} 1024.")
-        overlap = self.tile_overlap
+        overlap, overlap_flag = self.tile_overlap, flag_text(VaeDecodeSettings, "tile_overlap")
         if not isinstance(overlap, int) or isinstance(overlap, bool) or overlap < 0:
             raise ConfigError(
-                f"--vae-tile-overlap must be a whole number of pixels >= 0, got {overlap!r}; e.g. --vae-tile-overlap 64."
+                f"{overlap_flag} must be a whole number of pixels >= 0, got {overlap!r}; e.g. {overlap_flag} 64."
             )
-        for name, flag in (("tile_height", "--vae-tile-height"), ("tile_width", "--vae-tile-width")):
-            value = getattr(self, name)
+        for name in ("tile_height", "tile_width"):
+            value, flag = getattr(self, name), flag_text(VaeDecodeSettings, name)
             if value is not None and overlap >= value:
                 raise ConfigError(
-                    f"--vae-tile-overlap ({overlap} px) must be smaller than {flag} ({value} px): "
+                    f"{overlap_flag} ({overlap} px) must be smaller than {flag} ({value} px): "
                     f"lower the overlap below {value} (a quarter of the tile, {value // 4} px, is usual) "
                     f"or raise {flag} above {overlap}."
                 )
         if not self.tiled:
             return
-        for name, flag in (("tile_height", "--vae-tile-height"), ("tile_width", "--vae-tile-width"),
-                           ("tile_overlap", "--vae-tile-overlap")):
-            value = getattr(self, name)
+        for name in ("tile_height", "tile_width", "tile_overlap"):
+            value, flag = getattr(self, name), flag_text(VaeDecodeSettings, name)
             if value is not None and value % scale:
                 lower, upper = value // scale * scale, (value // scale + 1) * scale
                 hint = f"{lower} or {upper}" if lower > 0 else f"{upper}"

@@ -1,6 +1,6 @@
 import numpy as np
 
-from meshdit.default_model import dataset as D
+from default_model import dataset as D
 
 
 def test_same_seed_same_image_and_caption():
@@ -58,7 +58,7 @@ def test_clip_tokenizer_is_deterministic_across_processes():
     import sys
 
     code = (
-        "from meshdit.default_model.components import clip_tokenizer;"
+        "from default_model.components import clip_tokenizer;"
         "t = clip_tokenizer(); print(t('three pink diamonds at the top on a gray background').input_ids, len(t))"
     )
     outs = {

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from meshdit.default_model import dataset as D
-from meshdit.default_model import evaluate as E
+from default_model import dataset as D
+from default_model import evaluate as E
 
 
 def _gt(n, held_out=True):

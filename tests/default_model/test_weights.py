@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from meshdit import default_model as M
-from meshdit.default_model import dataset as D
-from meshdit.default_model import evaluate as E
+from default_model import dataset as D
+from default_model import evaluate as E
 
 WEIGHTS = M.weights_path()
 needs_weights = pytest.mark.skipif(not (WEIGHTS / "model_index.json").exists(), reason="weights not present")
@@ -62,7 +62,7 @@ def test_two_step_generation_runs(pipe, size):
 def test_default_settings_get_background_colour_count_and_position_right(pipe):
     # A small quality regression check on what the current model does on every held-out
     # prompt (100 % each); the full score, shapes included, comes from
-    # `python -m meshdit.default_model.evaluate` (see weights/README.md).
+    # `python -m default_model.evaluate` (see weights/README.md).
     prompts = D.EVAL_PROMPTS[::11]  # 6 held-out prompts: every layout but one
     right = 0
     for i, p in enumerate(prompts):
@@ -84,7 +84,7 @@ def test_saved_tokenizers_match_the_code_that_trained_the_model(pipe):
     # The caption embeddings used in training come from components.clip_tokenizer /
     # t5_tokenizer; the saved ones must give the same ids (a tokenizer whose ids vary
     # between processes once broke prompt following silently).
-    from meshdit.default_model import components as C
+    from default_model import components as C
 
     clip, t5 = C.clip_tokenizer(), C.t5_tokenizer()
     for prompt in D.EVAL_PROMPTS[:10] + ("",):

@@ -1,6 +1,9 @@
 """Bad input is refused before any rank starts: exit status 2, a message naming the flag, in under 0.5 s,
-no rank spawned, no earlier output touched, nothing left behind."""
+no rank spawned, no earlier output touched, nothing left behind, and neither torch, diffusers, transformers
+nor numpy imported (README: a refused command returns in under 0.5 s)."""
+import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -56,6 +59,47 @@ BAD_INPUTS = {
     "data-parallel-0": (["--data-parallel-degree", "0"], "--data-parallel-degree must be"),
     "vae-overlap-negative": (["--vae-tile-overlap", "-1"], "--vae-tile-overlap must be"),
     "dtype-unknown": (["--dtype", "float8"], "argument --dtype: invalid choice"),
+    # the layout against the model (its config files alone)
+    "cfg-without-guidance": (["--use-cfg-parallel", "--guidance-scale", "1"], "turns classifier-free guidance off"),
+    "cfg-on-guidance-distilled-model": (["--model", "{tmp}/flux-dev", "--use-cfg-parallel"],
+                                        "this FluxPipeline model is guidance-distilled"),
+    "cfg-on-flux2": (["--model", "{tmp}/flux2", "--use-cfg-parallel"], "this Flux2Pipeline model is guidance-distilled"),
+    "ulysses-above-heads": (["--ulysses-degree", "8"], "exceeds the model's 4 attention heads"),
+    "stages-above-blocks": (["--pipefusion-parallel-degree", "7"], "needs a block per stage, but the model has 6"),
+    "data-parallel-above-images": (["--data-parallel-degree", "2"], "needs at least as many images"),
+    "patches-above-token-rows": (["--pipefusion-parallel-degree", "2", "--num-pipeline-patch", "17"],
+                                 "--num-pipeline-patch 17 exceeds the 16 rows of image tokens"),
+    "fewer-tokens-than-sp-ranks": (["--height", "16", "--width", "16", "--ring-degree", "2"],
+                                   "fewer than the 2 sequence-parallel ranks"),
+    "above-positional-embedding": (["--model", "{tmp}/sd3", "--height", "256", "--width", "256"],
+                                   "exceeds this model's positional embedding (8 patches per side)"),
+    "pipeline-unsupported": (["--model", "{tmp}/sd15"], "does not support the pipeline 'StableDiffusionPipeline'"),
+    "transformer-config-missing": (["--model", "{tmp}/no-transformer"], "transformer/config.json is missing"),
+    # the VAE settings, alone and against vae/config.json
+    "vae-tile-not-vae-multiple": (["--vae-tile-height", "100"], "must be a multiple of the VAE's upsampling factor 8"),
+    "vae-overlap-not-below-tile": (["--vae-tile-width", "64"], "must be smaller than --vae-tile-width (64 px)"),
+    "parallel-vae-unknown-class": (["--model", "{tmp}/tiny-vae", "--use-parallel-vae"],
+                                   "supports the VAE classes AutoencoderKL"),
+    # FP8 options
+    "fp8-comm-k-without-fp8-comm": (["--fp8-comm-k"], "needs --fp8-comm too"),
+    "attention-backend-unknown": (["--attention-backend", "fp4"], "argument --attention-backend"),
+}
+
+# Model folders of config files only: every check before the ranks start reads nothing else.
+_FLUX_TRANSFORMER = {"_class_name": "FluxTransformer2DModel", "num_attention_heads": 4, "attention_head_dim": 32,
+                     "num_layers": 1, "num_single_layers": 1, "in_channels": 16, "guidance_embeds": False}
+_VAE = {"_class_name": "AutoencoderKL", "block_out_channels": [8, 16, 32, 64],
+        "up_block_types": ["UpDecoderBlock2D"] * 4}
+CONFIG_ONLY_MODELS = {
+    "flux-dev": ("FluxPipeline", {**_FLUX_TRANSFORMER, "guidance_embeds": True}, _VAE),
+    "flux2": ("Flux2Pipeline", {**_FLUX_TRANSFORMER, "_class_name": "Flux2Transformer2DModel"},
+              {**_VAE, "_class_name": "AutoencoderKLFlux2"}),
+    "sd3": ("StableDiffusion3Pipeline", {"_class_name": "SD3Transformer2DModel", "num_attention_heads": 4,
+                                         "num_layers": 2, "patch_size": 2, "sample_size": 8, "pos_embed_max_size": 8},
+            _VAE),
+    "sd15": ("StableDiffusionPipeline", {"_class_name": "UNet2DConditionModel"}, _VAE),
+    "no-transformer": ("FluxPipeline", None, _VAE),
+    "tiny-vae": ("FluxPipeline", _FLUX_TRANSFORMER, {**_VAE, "_class_name": "AutoencoderTiny"}),
 }
 
 
@@ -70,6 +114,11 @@ def workdir(tmp_path):
     for name, index in (("bad-json", '{"_class_name": "FluxPipeline",'), ("no-class", '{"a": 1}')):
         (tmp_path / name).mkdir()
         (tmp_path / name / "model_index.json").write_text(index)
+    for name, (pipeline, transformer, vae) in CONFIG_ONLY_MODELS.items():
+        for part, config in (("", {"_class_name": pipeline}), ("transformer", transformer), ("vae", vae)):
+            if config is not None:
+                (tmp_path / name / part).mkdir(parents=True, exist_ok=True)
+                (tmp_path / name / part / ("config.json" if part else "model_index.json")).write_text(json.dumps(config))
     return tmp_path
 
 
@@ -101,6 +150,65 @@ def test_bad_input_is_refused_before_ranks_start(flags, message, workdir, monkey
 
 def test_table_is_broad_enough():
     assert len(BAD_INPUTS) >= 25
+
+
+# Refusals outside the generate table: serve's, and a torchrun world of the wrong size.
+_TORCHRUN_WORLD_OF_3 = {"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0"}
+OTHER_REFUSALS = {
+    "serve-max-queue-0": (["serve", "--max-queue", "0"], {}, "--max-queue must be >= 1"),
+    "serve-ulysses-above-heads": (["serve", "--ulysses-degree", "8"], {}, "exceeds the model's 4 attention heads"),
+    "serve-cfg-on-guidance-distilled-model": (["serve", "--model", "{tmp}/flux-dev", "--use-cfg-parallel"], {},
+                                              "is guidance-distilled"),
+    "serve-port-taken": (["serve", "--port", "{port}"], {}, "choose another --port"),
+    "torchrun-world-of-the-wrong-size": (["generate", "--ulysses-degree", "2", "--output", "{tmp}/x.png"],
+                                         _TORCHRUN_WORLD_OF_3, "torchrun started 3 ranks"),
+    "serve-torchrun-world-of-the-wrong-size": (["serve", "--ulysses-degree", "2", "--port", "0"],
+                                               _TORCHRUN_WORLD_OF_3, "torchrun started 3 ranks"),
+}
+
+# Runs each refusal in turn in one fresh interpreter; after each: its exit status and the heavy modules loaded.
+_REFUSE_ALL = """
+import contextlib, io, json, os, sys
+from meshdit.cli import main
+results = {}
+for name, argv, env, message in json.loads(sys.argv[1]):
+    saved, err = dict(os.environ), io.StringIO()
+    os.environ.update(env)
+    try:
+        with contextlib.redirect_stderr(err):
+            status = main(argv)
+    except SystemExit as exc:
+        status = exc.code
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    heavy = [m for m in ("torch", "diffusers", "transformers", "numpy") if m in sys.modules]
+    results[name] = [status if message in err.getvalue() else err.getvalue(), heavy]
+print(json.dumps(results))
+"""
+
+
+def test_refusals_come_before_the_heavy_imports(workdir):
+    """Every refusal (the table above, serve's, torchrun's) happens without importing torch, diffusers,
+    transformers or numpy: that is what keeps it under half a second."""
+    cases = [(name, ["generate", "--output", str(workdir / "out.png")] + flags, {}, message)
+             for name, (flags, message) in BAD_INPUTS.items()]
+    cases += [(name, argv, env, message) for name, (argv, env, message) in OTHER_REFUSALS.items()]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        fill = {"{tmp}": str(workdir), "{port}": str(taken.getsockname()[1])}
+        for _, argv, _, _ in cases:
+            for i, arg in enumerate(argv):
+                for key, value in fill.items():
+                    argv[i] = argv[i].replace(key, value)
+        proc = subprocess.run([sys.executable, "-c", _REFUSE_ALL, json.dumps(cases)], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.splitlines()[-1])
+    assert {name: status for name, (status, _) in results.items() if status != 2} == {}  # else: stderr
+    first_heavy = next((name for name, (_, heavy) in results.items() if heavy), None)
+    assert first_heavy is None, f"{first_heavy} imported {results[first_heavy][1]}"
 
 
 def test_non_utf8_prompt_bytes_from_the_shell_are_refused(tmp_path):

@@ -9,7 +9,8 @@ streamed at load) calls torch.distributed only through this package:
   text embeddings, images decoded on one rank of the image group);
 - point_to_point.py: the ring exchange (ring attention), the pipeline channel between
   PipeFusion stages, the neighbour exchange (VAE halos), plain send/recv (weight streaming);
-- stats.py: the byte counters, incremented only here, one rule per primitive.
+- stats.py: the byte counters, incremented only here, one rule per primitive;
+- the spans of ../timeline.py (benchmarks.timeline) are recorded around the waits here too.
 
 Groups: a `group` of None means this process alone; every primitive sends nothing,
 and counts nothing, on a group of one rank. Peers and sources are group ranks.

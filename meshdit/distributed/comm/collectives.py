@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from ..timeline import timeline
 from .stats import comm_stats
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
@@ -53,7 +54,8 @@ def all_to_all_chunks(
     me = group_rank(group)
     comm_stats.add("all_to_all", (sum(in_splits) - in_splits[me]) * flat_in.element_size(),
                    sum(in_splits) - in_splits[me])
-    dist.all_to_all_single(flat_out, flat_in, out_splits, in_splits, group=group)
+    with timeline.span("all_to_all"):
+        dist.all_to_all_single(flat_out, flat_in, out_splits, in_splits, group=group)
     return [c.view(s) for c, s in zip(flat_out.split(out_splits), recv_shapes)]
 
 
@@ -66,7 +68,8 @@ def _all_to_all_encoded(send, recv_shapes, group, codec) -> list[torch.Tensor]:
     out_splits = [codec.wire_bytes(s) if j != me else 0 for j, s in enumerate(recv_shapes)]
     flat_out = torch.empty(sum(out_splits), dtype=torch.uint8, device=send[0].device)
     comm_stats.add("all_to_all", sum(in_splits), sum(t.numel() for j, t in enumerate(send) if j != me))
-    dist.all_to_all_single(flat_out, torch.cat(wires), out_splits, in_splits, group=group)
+    with timeline.span("all_to_all"):
+        dist.all_to_all_single(flat_out, torch.cat(wires), out_splits, in_splits, group=group)
     parts = flat_out.split(out_splits)
     return [send[me].contiguous() if j == me else codec.decode(parts[j], s, send[me].dtype)
             for j, s in enumerate(recv_shapes)]
@@ -80,7 +83,8 @@ def all_gather(x: torch.Tensor, group: dist.ProcessGroup | None, kind: str = "al
     x = x.contiguous()
     parts = [torch.empty_like(x) for _ in range(world)]
     comm_stats.add(kind, x.numel() * x.element_size() * (world - 1), x.numel() * (world - 1))
-    dist.all_gather(parts, x, group=group)
+    with timeline.span("all_gather"):
+        dist.all_gather(parts, x, group=group)
     return parts
 
 
@@ -116,7 +120,8 @@ def broadcast(x: torch.Tensor, src: int, group: dist.ProcessGroup | None, kind: 
         return x
     if group_rank(group) == src:
         comm_stats.add(kind, x.numel() * x.element_size() * (world - 1), x.numel() * (world - 1))
-    dist.broadcast(x, dist.get_global_rank(group, src), group=group)
+    with timeline.span("broadcast"):
+        dist.broadcast(x, dist.get_global_rank(group, src), group=group)
     return x
 
 

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from .collectives import broadcast, group_rank, group_size
+from ..timeline import timeline
 from .stats import comm_stats
 
 
@@ -45,11 +46,13 @@ class RingExchange:
             dist.P2POp(dist.isend, send, self.next_rank, self.group),
             dist.P2POp(dist.irecv, self._recv, self.prev_rank, self.group),
         ]
-        self._reqs = dist.batch_isend_irecv(ops)
+        with timeline.span("ring_post", self.prev_rank):
+            self._reqs = dist.batch_isend_irecv(ops)
 
     def wait(self) -> torch.Tensor:
-        for req in self._reqs:
-            req.wait()
+        with timeline.span("ring_wait", self.prev_rank):
+            for req in self._reqs:
+                req.wait()
         recv, self._recv, self._reqs = self._recv, None, []
         if self.codec is not None:
             recv = self.codec.decode(recv, self._shape, self._dtype)
@@ -98,7 +101,9 @@ class PipeChannel:
         codec = self.codec_for(tensor)
         buffer = codec.encode(tensor) if codec is not None else tensor.detach().contiguous().clone()
         comm_stats.add("pipe_p2p", buffer.numel() * buffer.element_size(), tensor.numel())
-        work = dist.isend(buffer, dist.get_global_rank(self.group, stage), group=self.group)
+        dst = dist.get_global_rank(self.group, stage)
+        with timeline.span("send_post", dst):
+            work = dist.isend(buffer, dst, group=self.group)
         self._pending = [(w, b) for w, b in self._pending if not w.is_completed()] + [(work, buffer)]
 
     def recv(self, like: torch.Tensor, stage: int) -> torch.Tensor:
@@ -107,10 +112,12 @@ class PipeChannel:
         src = dist.get_global_rank(self.group, stage)
         if codec is None:
             buffer = torch.empty(like.shape, dtype=like.dtype, device=like.device)
-            dist.recv(buffer, src, group=self.group)
+            with timeline.span("recv", src):
+                dist.recv(buffer, src, group=self.group)
             return buffer
         wire = torch.empty(codec.wire_bytes(like.shape), dtype=torch.uint8, device=like.device)
-        dist.recv(wire, src, group=self.group)
+        with timeline.span("recv", src):
+            dist.recv(wire, src, group=self.group)
         return codec.decode(wire, like.shape, like.dtype)
 
     def send_update(self, new: torch.Tensor, old: torch.Tensor, stage: int) -> None:
@@ -142,8 +149,9 @@ class PipeChannel:
 
     def finish(self) -> None:
         """Waits for every send still in flight (each completes once its receiver has posted the receive)."""
-        for work, _ in self._pending:
-            work.wait()
+        with timeline.span("send_wait"):
+            for work, _ in self._pending:
+                work.wait()
         self._pending = []
 
 

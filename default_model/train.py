@@ -1,6 +1,6 @@
 """Train the default model on CPU and save it as a diffusers FluxPipeline folder.
 
-    python -m meshdit.default_model.train --out DIR [--vae-minutes 10] [--dit-minutes 35]
+    python -m default_model.train --out DIR [--vae-minutes 10] [--dit-minutes 35]
 
 Stages (each resumable from DIR/work/):
   vae        train a small AutoencoderKL on crops of dataset images

@@ -1,8 +1,8 @@
 """Score images of the default model against their prompts, from the pixels alone.
 
-    python -m meshdit.default_model.evaluate [--model DIR] [--steps N] [--seed S]
-    python -m meshdit.default_model.evaluate --check-evaluator
-    python -m meshdit.default_model.evaluate --check-vae [--model DIR]
+    python -m default_model.evaluate [--model DIR] [--steps N] [--seed S]
+    python -m default_model.evaluate --check-evaluator
+    python -m default_model.evaluate --check-vae [--model DIR]
 
 The analysis is classic image processing: the background colour is the median of
 the border pixels; every pixel is classified to the nearest palette colour; the
@@ -228,7 +228,7 @@ def generate_and_score(model: str, steps: int, seed: int, guidance: float, size:
     import torch
     from diffusers import FluxPipeline
 
-    from . import DEFAULT_MAX_SEQUENCE_LENGTH, DEFAULT_NEGATIVE_PROMPT
+    from meshdit.default_model import generation_kwargs
 
     torch.set_num_threads(1)
     t_load = time.time()
@@ -240,17 +240,9 @@ def generate_and_score(model: str, steps: int, seed: int, guidance: float, size:
     wrong = {"background": 0, "colour": 0, "count": 0, "shapes": 0, "position": 0}
     for i, prompt in enumerate(prompts):
         t0 = time.time()
-        img = pipe(
-            prompt,
-            negative_prompt=DEFAULT_NEGATIVE_PROMPT,
-            true_cfg_scale=guidance,
-            height=size,
-            width=size,
-            num_inference_steps=steps,
-            max_sequence_length=DEFAULT_MAX_SEQUENCE_LENGTH,
-            generator=torch.Generator().manual_seed(seed + i),
-            output_type="np",
-        ).images[0]
+        settings = generation_kwargs() | dict(true_cfg_scale=guidance, height=size, width=size,
+                                              num_inference_steps=steps)
+        img = pipe(prompt, generator=torch.Generator().manual_seed(seed + i), output_type="np", **settings).images[0]
         t_total += time.time() - t0
         errs = mismatches(img, prompt)
         passed += not errs
@@ -280,7 +272,7 @@ def generate_and_score(model: str, steps: int, seed: int, guidance: float, size:
 
 
 def main() -> None:
-    from . import DEFAULT_GUIDANCE, DEFAULT_HEIGHT, DEFAULT_STEPS, weights_path
+    from meshdit.default_model import DEFAULT_GUIDANCE, DEFAULT_HEIGHT, DEFAULT_STEPS, weights_path
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(weights_path()))
