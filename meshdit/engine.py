@@ -35,9 +35,9 @@ class Engine:
         self.vae = vae or VaeDecodeSettings()
         self.vae.validate()
         self.info = ModelInfo.from_pipeline(pipe)
-        self.recipe = self.info.family.recipe_class()(pipe)
+        self.recipe = self.info.make_recipe(pipe)
         self.info.check_layout(self.mesh.config)  # the CLI's ConfigError, before any hook is installed
-        self._parallel = parallelize(pipe, self.info.family, self.mesh, fp8)
+        self._parallel = parallelize(pipe, self.info.family.plan(), self.mesh, fp8)
 
     @classmethod
     def from_pretrained(cls, model: str | None = None, mesh: ParallelMesh | None = None, torch_dtype=None,

@@ -72,7 +72,7 @@ def test_sequence_plan_names_the_inputs_and_outputs_of_the_diffusers_cp_plan(fam
     from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
 
     cp_plan = _diffusers_cp_plan(family)
-    ours = family.plan()
+    ours = family.plan().sequence
     # diffusers: {"": {arg: ContextParallelInput(split_dim, expected_dims)}, "proj_out": ContextParallelOutput(...)}
     their_splits, their_gathers = {}, {}
     for module, entry in cp_plan.items():

@@ -40,13 +40,13 @@ def load_pipeline_efficiently(model: str, device: torch.device, dtype: torch.dty
     family = family_for_transformer(component_class(folder, "transformer").__name__)
     select = on_loaded = None
     if mesh.size("pp") > 1:
-        select = lambda skeleton: stage_keep(skeleton, family.pipeline_plan(), mesh.local_rank("pp"), mesh.size("pp"))  # noqa: E731
+        select = lambda skeleton: stage_keep(skeleton, family.plan().stages, mesh.local_rank("pp"), mesh.size("pp"))  # noqa: E731
     if fp8_gemm:
         from ..quant.fp8_linear import QuantizeWhileLoading
         from ..quant.formats import check_fp8_gemm
 
         check_fp8_gemm(device)
-        on_loaded = QuantizeWhileLoading([spec.path for spec in family.pipeline_plan().blocks])
+        on_loaded = QuantizeWhileLoading([spec.path for spec in family.plan().stages.blocks])
     transformer, report = load_model(folder, "transformer", device, dtype, select, on_tensor,
                                      options.transport_for(device.type), on_loaded=on_loaded)
     encoders = text_encoder_names(folder)

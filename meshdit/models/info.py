@@ -65,6 +65,10 @@ class ModelInfo:
         return RequestDefaults(self.default_size, self.default_size, family.default_steps, family.default_guidance,
                                family.max_sequence_length_for(self.pipeline_class))
 
+    def make_recipe(self, pipe):
+        """The family's recipe for `pipe`, filling unset request values from this model's defaults."""
+        return self.family.recipe_class()(pipe, self.request_defaults(), self.family.packed)
+
     def check_request(self, config: ParallelConfig, request: GenerateRequest, num_images: int | None = None) -> None:
         """Everything about a request that can be checked before weights load; unset values take the defaults.
         num_images: images of the whole batch the request runs in (default: the request's own)."""
@@ -80,7 +84,7 @@ class ModelInfo:
 
     def runs_cfg(self, guidance_scale: float | None) -> bool:
         """Whether a generation runs two guidance branches (cond and uncond) per step."""
-        if self.family.guidance_distilled(self.transformer_config):
+        if self.family.is_guidance_distilled(self.transformer_config):
             return False
         scale = self.request_defaults().guidance_scale if guidance_scale is None else guidance_scale
         return scale > 1
@@ -89,7 +93,7 @@ class ModelInfo:
               num_images: int = 1) -> None:
         """Refuses a layout, resolution or request this model cannot run, saying what to change."""
         if config.cfg_degree > 1 and not self.runs_cfg(guidance_scale):
-            if self.family.guidance_distilled(self.transformer_config):
+            if self.family.is_guidance_distilled(self.transformer_config):
                 why = (f"this {self.pipeline_class} model is guidance-distilled: it embeds the guidance scale and "
                        "runs a single branch per step")
             else:

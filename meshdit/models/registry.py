@@ -1,8 +1,13 @@
-"""Model families: which plan, which recipe, and the facts validation needs (from configs alone)."""
+"""Model families: one plain-data row each, with everything pre-launch validation needs (no torch).
+
+A row names the family's module (`meshdit.models.<family>`), which holds its plans and
+recipe and is imported only when a pipeline is parallelized or run: validation reads the
+row and the model's config JSON alone.
+"""
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 
@@ -12,33 +17,35 @@ class ModelFamily:
     name: str
     transformer_class: str
     pipeline_classes: tuple[str, ...]
-    plan_module: str
-    recipe: str  # "module:Class"
+    module: str
+    """The family's module: PLAN (a parallel.plan.ModelPlan) and RECIPE (its Recipe subclass)."""
     packed: bool
-    """Latents are packed 2x2 into tokens (Flux) instead of patchified by the model."""
-    default_steps: int = 28
-    """Request defaults as plain data (equal to the recipes' and diffusers' own; tested), so the CLI and the
+    """Latents are packed 2x2 into [B, S, C] tokens (Flux) instead of patchified by the model."""
+    default_steps: int
+    """Request defaults as plain data (equal to diffusers' own; tested), so the CLI and the
     Python API fill unset values alike without importing torch."""
-    default_guidance: float = 7.0
-    default_max_sequence_length: int = 512
+    default_guidance: float
+    default_max_sequence_length: int
+    max_sequence_length_by_pipeline: dict[str, int] = field(default_factory=dict)
+    """Pipelines of the family whose default text length differs (PixArt-alpha: 120, Sigma: 300)."""
     max_sequence_length_limit: int | None = None
     """The text encoder's cap on --max-sequence-length (T5 in FLUX.1 and SD3: 512); None: no fixed cap."""
     default_sample_size: int | None = None
     """Latent size the pipeline defaults to; None: the transformer config's sample_size."""
+    guidance_distilled: bool | str = False
+    """The model embeds the guidance scale and has no negative branch: True for every model of the
+    family, or the transformer config key that says so (FLUX.1: guidance_embeds, true for -dev)."""
 
     def max_sequence_length_for(self, pipeline_class: str) -> int:
-        # PixArt-alpha's pipeline defaults to 120 tokens, PixArt-Sigma's to 300.
-        return 120 if pipeline_class == "PixArtAlphaPipeline" else self.default_max_sequence_length
+        return self.max_sequence_length_by_pipeline.get(pipeline_class, self.default_max_sequence_length)
 
     def plan(self):
-        return importlib.import_module(self.plan_module).PLAN
-
-    def pipeline_plan(self):
-        return importlib.import_module(self.plan_module).PIPELINE
+        """The transformer's ModelPlan (imports the family module, and so torch)."""
+        return importlib.import_module(self.module).PLAN
 
     def recipe_class(self):
-        module, cls = self.recipe.split(":")
-        return getattr(importlib.import_module(module), cls)
+        """The family's Recipe subclass (imports the family module, and so torch and diffusers)."""
+        return importlib.import_module(self.module).RECIPE
 
     def pixel_multiple(self, transformer_config: dict, vae_scale_factor: int) -> int:
         """Height and width must be multiples of this many pixels."""
@@ -49,9 +56,10 @@ class ModelFamily:
         """Blocks PipeFusion can cut into stages (double- and single-stream blocks alike)."""
         return int(transformer_config.get("num_layers", 0)) + int(transformer_config.get("num_single_layers", 0))
 
-    def guidance_distilled(self, transformer_config: dict) -> bool:
-        """The model embeds the guidance scale and has no negative branch (FLUX.2, FLUX.1-dev)."""
-        return self.name == "flux2" or (self.name == "flux" and bool(transformer_config.get("guidance_embeds")))
+    def is_guidance_distilled(self, transformer_config: dict) -> bool:
+        if isinstance(self.guidance_distilled, str):
+            return bool(transformer_config.get(self.guidance_distilled))
+        return self.guidance_distilled
 
     def image_tokens(self, height: int, width: int, transformer_config: dict, vae_scale_factor: int) -> int:
         m = self.pixel_multiple(transformer_config, vae_scale_factor)
@@ -59,18 +67,18 @@ class ModelFamily:
 
 
 FAMILIES = (
-    ModelFamily("flux", "FluxTransformer2DModel", ("FluxPipeline",), "meshdit.models.flux",
-                "meshdit.pipelines.flux:FluxRecipe", packed=True, default_steps=28, default_guidance=3.5,
-                default_max_sequence_length=512, max_sequence_length_limit=512, default_sample_size=128),
-    ModelFamily("flux2", "Flux2Transformer2DModel", ("Flux2Pipeline",), "meshdit.models.flux2",
-                "meshdit.pipelines.flux2:Flux2Recipe", packed=True, default_steps=50, default_guidance=4.0,
-                default_max_sequence_length=512, default_sample_size=128),
-    ModelFamily("sd3", "SD3Transformer2DModel", ("StableDiffusion3Pipeline",), "meshdit.models.sd3",
-                "meshdit.pipelines.sd3:SD3Recipe", packed=False, default_steps=28, default_guidance=7.0,
-                default_max_sequence_length=256, max_sequence_length_limit=512),
+    ModelFamily("flux", "FluxTransformer2DModel", ("FluxPipeline",), "meshdit.models.flux", packed=True,
+                default_steps=28, default_guidance=3.5, default_max_sequence_length=512,
+                max_sequence_length_limit=512, default_sample_size=128, guidance_distilled="guidance_embeds"),
+    ModelFamily("flux2", "Flux2Transformer2DModel", ("Flux2Pipeline",), "meshdit.models.flux2", packed=True,
+                default_steps=50, default_guidance=4.0, default_max_sequence_length=512, default_sample_size=128,
+                guidance_distilled=True),
+    ModelFamily("sd3", "SD3Transformer2DModel", ("StableDiffusion3Pipeline",), "meshdit.models.sd3", packed=False,
+                default_steps=28, default_guidance=7.0, default_max_sequence_length=256,
+                max_sequence_length_limit=512),
     ModelFamily("pixart", "PixArtTransformer2DModel", ("PixArtSigmaPipeline", "PixArtAlphaPipeline"),
-                "meshdit.models.pixart", "meshdit.pipelines.pixart:PixArtRecipe", packed=False, default_steps=20,
-                default_guidance=4.5, default_max_sequence_length=300),
+                "meshdit.models.pixart", packed=False, default_steps=20, default_guidance=4.5,
+                default_max_sequence_length=300, max_sequence_length_by_pipeline={"PixArtAlphaPipeline": 120}),
 )
 
 
@@ -80,7 +88,6 @@ def family_for_pipeline(pipeline_class: str) -> ModelFamily:
             return family
     supported = ", ".join(c for f in FAMILIES for c in f.pipeline_classes)
     raise ConfigError(f"meshdit does not support the pipeline {pipeline_class!r} yet; supported: {supported}.")
-
 
 
 def family_for_transformer(transformer_class: str) -> ModelFamily:

@@ -1,22 +1,67 @@
-"""SD3 / SD3.5 (SD3Transformer2DModel): joint attention, plus image-only attn2 in dual-attention blocks."""
-from ..parallel.plan import BlockList, PipelinePlan, OUTPUT, Gather, SequencePlan, Split
+"""Stable Diffusion 3 / 3.5 (StableDiffusion3Pipeline / SD3Transformer2DModel): joint attention, plus
+image-only attn2 in SD3.5's dual-attention blocks."""
+from __future__ import annotations
 
-# The latent is patchified inside forward, so tokens are sharded at the outputs
-# of the patch embedding (which adds the positional embedding) and the text
-# projection, and gathered before the model unpatchifies.
-PLAN = SequencePlan(
-    splits=(
-        Split("pos_embed", OUTPUT, -2, "img"),
-        Split("context_embedder", OUTPUT, -2, "txt"),
+from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift, retrieve_timesteps
+
+from ..parallel.plan import OUTPUT, BlockList, Gather, ModelPlan, PipelinePlan, SequencePlan, Split
+from ..pipelines.recipe import COND, UNCOND, DenoiseState, Recipe
+
+# The latent is patchified inside forward, so tokens are sharded at the outputs of the patch
+# embedding (which adds the positional embedding) and the text projection, and gathered before
+# the model unpatchifies.
+PLAN = ModelPlan(
+    SequencePlan(
+        splits=(
+            Split("pos_embed", OUTPUT, -2, "img"),
+            Split("context_embedder", OUTPUT, -2, "txt"),
+        ),
+        gathers=(Gather("proj_out", -2, "img"),),
+        attention={
+            "transformer_blocks.*.attn2": ("img",),
+            "transformer_blocks.*.attn": ("img", "txt"),
+        },
     ),
-    gathers=(Gather("proj_out", -2, "img"),),
-    attention={
-        "transformer_blocks.*.attn2": ("img",),
-        "transformer_blocks.*.attn": ("img", "txt"),
-    },
+    PipelinePlan(blocks=(
+        BlockList("transformer_blocks", ("hidden_states", "encoder_hidden_states"),
+                  ("encoder_hidden_states", "hidden_states")),
+    )),
 )
 
-PIPELINE = PipelinePlan(blocks=(
-    BlockList("transformer_blocks", ("hidden_states", "encoder_hidden_states"),
-              ("encoder_hidden_states", "hidden_states")),
-))
+
+class SD3Recipe(Recipe):
+    batch_branches = True
+
+    def prepare(self, request, generator, device):
+        pipe = self.pipe
+        r = self.settings(request)
+        cfg = r.guidance_scale > 1
+        embeds, n_embeds, pooled, n_pooled = pipe.encode_prompt(
+            prompt=r.prompts, prompt_2=None, prompt_3=None, device=device,
+            num_images_per_prompt=r.num_images_per_prompt, do_classifier_free_guidance=cfg,
+            negative_prompt=r.negative_prompt, max_sequence_length=r.extra["max_sequence_length"])
+        branches = {COND: dict(encoder_hidden_states=embeds, pooled_projections=pooled)}
+        if cfg:  # uncond first: the order diffusers batches them in
+            branches = {UNCOND: dict(encoder_hidden_states=n_embeds, pooled_projections=n_pooled), **branches}
+        latents = pipe.prepare_latents(embeds.shape[0], pipe.transformer.config.in_channels, r.height, r.width,
+                                       embeds.dtype, device, generator)  # [B, C, h, w]
+        kwargs = {}
+        sc = pipe.scheduler.config
+        if sc.get("use_dynamic_shifting", None):
+            patch = pipe.transformer.config.patch_size
+            seq = (latents.shape[2] // patch) * (latents.shape[3] // patch)
+            kwargs["mu"] = calculate_shift(seq, sc.get("base_image_seq_len", 256), sc.get("max_image_seq_len", 4096),
+                                           sc.get("base_shift", 0.5), sc.get("max_shift", 1.16))
+        timesteps, _ = retrieve_timesteps(pipe.scheduler, r.num_inference_steps, device, **kwargs)
+        return DenoiseState(latents, timesteps, branches, r.guidance_scale, r.height, r.width)
+
+    def model_inputs(self, state, latents, t, branch):
+        return dict(hidden_states=latents, timestep=t.expand(latents.shape[0]), joint_attention_kwargs=None,
+                    **state.branches[branch])
+
+    def decode_latents(self, state, latents):
+        vae = self.pipe.vae
+        return latents / vae.config.scaling_factor + vae.config.shift_factor
+
+
+RECIPE = SD3Recipe

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 from ..distributed.mesh import ParallelMesh, SingleProcessMesh
-from ..models.registry import ModelFamily
 from .parallelized import Parallelized
 from .pipefusion import PipeFusion
+from .plan import ModelPlan
 from .sequence import apply_attention_backend, apply_sequence_parallel
 
 
-def parallelize(pipe, family: ModelFamily, mesh: ParallelMesh | SingleProcessMesh, fp8=None) -> Parallelized:
+def parallelize(pipe, plan: ModelPlan, mesh: ParallelMesh | SingleProcessMesh, fp8=None) -> Parallelized:
     """Applies every strategy the mesh asks for, and the FP8 options of `fp8` (an Fp8Config), to `pipe`.
 
     Combinations that cannot run exactly were refused by validation before any
@@ -31,18 +31,18 @@ def parallelize(pipe, family: ModelFamily, mesh: ParallelMesh | SingleProcessMes
         done.handles += apply_attention_backend(pipe.transformer, backend)
     if config.sp_degree > 1 or config.pipefusion_parallel_degree > 1:
         # PipeFusion reuses the sequence hooks to cut the image stream into patches
-        done.sequence_state, handles = apply_sequence_parallel(pipe.transformer, family.plan(), mesh, backend,
+        done.sequence_state, handles = apply_sequence_parallel(pipe.transformer, plan.sequence, mesh, backend,
                                                                runtime.wire_codecs(fp8, device))
         done.handles += handles
     if config.pipefusion_parallel_degree > 1:
-        done.pipefusion = PipeFusion(pipe.transformer, family.pipeline_plan(), mesh, done.sequence_state,
+        done.pipefusion = PipeFusion(pipe.transformer, plan.stages, mesh, done.sequence_state,
                                      runtime.pipe_codec_for(fp8, device))
         done.handles += done.pipefusion.handles
     if fp8 is not None and fp8.gemm:
         # after PipeFusion's split: stages balance as without FP8, and only this stage's blocks are quantized
-        runtime.quantize_transformer(pipe.transformer, [spec.path for spec in family.pipeline_plan().blocks])
+        runtime.quantize_transformer(pipe.transformer, [spec.path for spec in plan.stages.blocks])
     if config.compile:  # last: the blocks this stage keeps, FP8 Linear layers included
         from .compile import compile_blocks
 
-        done.handles += compile_blocks(pipe.transformer, family.pipeline_plan(), config.compile)
+        done.handles += compile_blocks(pipe.transformer, plan.stages, config.compile)
     return done

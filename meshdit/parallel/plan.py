@@ -57,3 +57,11 @@ class PipelinePlan:
     """Block lists in execution order; their concatenation is cut into contiguous stages."""
 
     blocks: tuple[BlockList, ...]
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """Everything `parallelize` needs to know about a transformer: its sequence plan and its stage plan."""
+
+    sequence: SequencePlan
+    stages: PipelinePlan

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from ..config import GenerateRequest
+from ..config import GenerateRequest, RequestDefaults
 
 COND, UNCOND = "cond", "uncond"
 
@@ -37,29 +38,25 @@ class DenoiseState:
 
 
 class Recipe:
-    """Base: subclasses fill in prepare / model_inputs / decode_latents; the rest is shared."""
+    """Base: subclasses fill in prepare / model_inputs / decode_latents; the rest is shared.
 
-    default_steps = 28
-    default_guidance = 7.0
+    `defaults` fill what a request leaves unset (ModelInfo.request_defaults: the registry row's,
+    or the bundled model's); `packed_tokens` is the registry row's `packed`.
+    """
 
-    def __init__(self, pipe) -> None:
+    def __init__(self, pipe, defaults: RequestDefaults, packed_tokens: bool) -> None:
         self.pipe = pipe
+        self.defaults = defaults
+        self.packed_tokens = packed_tokens
+        """Latents are [B, S, C] tokens in row-major order (Flux); else [B, C, h, w] patchified by the model."""
 
     # -- preparation -------------------------------------------------------
     def prepare(self, request: GenerateRequest, generator: torch.Generator, device: torch.device) -> DenoiseState:
         raise NotImplementedError
 
-    def settings(self, request: GenerateRequest) -> tuple[int, int, int, float]:
-        """(height, width, steps, guidance scale), the family's defaults filling what the request leaves out."""
-        height, width = self.size(request)
-        steps = request.num_inference_steps or self.default_steps
-        scale = self.default_guidance if request.guidance_scale is None else request.guidance_scale
-        return height, width, steps, scale
-
-    def size(self, request: GenerateRequest) -> tuple[int, int]:
-        sample_size = getattr(self.pipe, "default_sample_size", None) or self.pipe.transformer.config.sample_size
-        default = sample_size * self.pipe.vae_scale_factor
-        return request.height or default, request.width or default
+    def settings(self, request: GenerateRequest) -> GenerateRequest:
+        """The request with the model's defaults filling what it leaves out (size, steps, guidance, text length)."""
+        return request.with_defaults(self.defaults)
 
     # -- one step ----------------------------------------------------------
     def model_inputs(self, state: DenoiseState, latents: torch.Tensor, t: torch.Tensor, branch: str) -> dict:
@@ -71,7 +68,7 @@ class Recipe:
         """Noise prediction per branch; branches that take batched inputs run as one call."""
         calls = [self.model_inputs(state, latents, t, b) for b in branches]
         if len(calls) > 1 and self.batch_branches:
-            merged = _cat_batch(calls)
+            merged = _cat_batch(calls, self.unbatched_keys)
             out = self.pipe.transformer(**merged, return_dict=False)[0]
             preds = dict(zip(branches, out.chunk(len(branches))))
         else:
@@ -112,9 +109,6 @@ class Recipe:
         return self.pipe.scheduler.step(noise_pred, t, latents, return_dict=False)[0]
 
     # -- patches (PipeFusion) -----------------------------------------------
-    packed_tokens = False
-    """Latents are [B, S, C] tokens in row-major order (Flux); else [B, C, h, w] patchified by the model."""
-
     def token_grid(self, state: DenoiseState) -> tuple[int, int]:
         """Image tokens as (rows, columns)."""
         if self.packed_tokens:
@@ -137,19 +131,23 @@ class Recipe:
         raise NotImplementedError
 
 
-def _cat_batch(calls: list[dict]) -> dict:
+def _cat_batch(calls: list[dict], unbatched_keys: tuple[str, ...]) -> dict:
     """Concatenate per-branch kwargs along the batch dim (tensors with a batch dim only)."""
     merged = {}
     for key, first in calls[0].items():
         values = [c[key] for c in calls]
-        if isinstance(first, torch.Tensor) and first.dim() > 0 and not _is_unbatched(key):
+        if isinstance(first, torch.Tensor) and first.dim() > 0 and key not in unbatched_keys:
             merged[key] = torch.cat(values)
         elif isinstance(first, dict):
-            merged[key] = _cat_batch(values) if first else first
+            merged[key] = _cat_batch(values, unbatched_keys) if first else first
         else:
             merged[key] = first
     return merged
 
 
-def _is_unbatched(key: str) -> bool:
-    return key in ("img_ids", "txt_ids")  # Flux: [S, 3] ids without a batch dim
+def flow_sigmas(scheduler, steps: int):
+    """The sigmas FLUX pipelines pass to retrieve_timesteps: linear from 1, or None where the scheduler
+    computes its own (use_flow_sigmas)."""
+    if getattr(scheduler.config, "use_flow_sigmas", False):
+        return None
+    return np.linspace(1.0, 1 / steps, steps)

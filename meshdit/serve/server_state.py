@@ -73,7 +73,7 @@ class ServerState:
     def attach(self, engine) -> None:
         """The model is loaded on every rank: start accepting jobs."""
         self.info = engine.info
-        self.settings.steps = self.settings.steps or engine.recipe.default_steps
+        self.settings.steps = self.settings.steps or engine.recipe.defaults.steps
         pipe = engine.pipe
         self.tokenizers = [getattr(pipe, n) for n in ("tokenizer", "tokenizer_2", "tokenizer_3")
                            if getattr(pipe, n, None) is not None]

@@ -59,7 +59,7 @@ def pipefusion_stage_bytes(folder: str, stages: int, transport: str):
     """(peak parameter bytes of this rank's transformer over load and run, allowed bound, whole model, image)."""
     from meshdit.loading.skeleton import build_skeleton
     from meshdit.loading.stages import stage_keep
-    from meshdit.models.flux import PIPELINE
+    from meshdit.models.flux import PLAN
 
     config = ParallelConfig(pipefusion_parallel_degree=stages, warmup_steps=STEPS, num_pipeline_patch=3)
     mesh = mesh_for(config)
@@ -69,7 +69,7 @@ def pipefusion_stage_bytes(folder: str, stages: int, transport: str):
     peak = max(after_load, param_bytes(pipe.transformer))
     # The bound from a skeleton: the stage's own blocks plus every non-block parameter.
     skeleton = build_skeleton(folder, "transformer")
-    keep = stage_keep(skeleton, PIPELINE, mesh.local_rank("pp"), stages)
+    keep = stage_keep(skeleton, PLAN.stages, mesh.local_rank("pp"), stages)
     bound = sum(p.numel() * p.element_size() for n, p in skeleton.named_parameters() if keep(n))
     whole = sum(p.numel() * p.element_size() for p in skeleton.parameters())
     return peak, bound, whole, image
