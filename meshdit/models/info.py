@@ -76,6 +76,10 @@ class ModelInfo:
         request.validate()
         limit = self.family.max_sequence_length_limit
         tokens = request.extra["max_sequence_length"]
+        if self.family.max_sequence_length_fixed and tokens != self.family.default_max_sequence_length:
+            raise ConfigError(f"this {self.pipeline_class} takes exactly {self.family.default_max_sequence_length} "
+                              f"text tokens (its transformer's fixed text length), not {tokens}: drop "
+                              "--max-sequence-length.")
         if limit is not None and tokens > limit:
             raise ConfigError(f"--max-sequence-length {tokens} exceeds what this {self.pipeline_class}'s text encoder "
                               f"takes ({limit} tokens): use --max-sequence-length <= {limit}.")

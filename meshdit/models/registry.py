@@ -30,6 +30,8 @@ class ModelFamily:
     """Pipelines of the family whose default text length differs (PixArt-alpha: 120, Sigma: 300)."""
     max_sequence_length_limit: int | None = None
     """The text encoder's cap on --max-sequence-length (T5 in FLUX.1 and SD3: 512); None: no fixed cap."""
+    max_sequence_length_fixed: bool = False
+    """The transformer takes exactly default_max_sequence_length text tokens (HunyuanDiT: its T5 length)."""
     default_sample_size: int | None = None
     """Latent size the pipeline defaults to; None: the transformer config's sample_size."""
     guidance_distilled: bool | str = False

@@ -62,6 +62,30 @@ class PipeFusion:
         if self.stage < self.num_stages - 1:
             block_list, i, spec = blocks[starts[self.stage + 1]]
             self.handles.append(block_list[i].register_forward_pre_hook(self._send_hook(spec), with_kwargs=True))
+        self._connect_long_skips(plan, modules, [s for s in range(self.num_stages) for _ in range(sizes[s])])
+
+    # NOTE: a long skip's source stage sends its block's output once per forward, right after the block;
+    # the target stage receives it where its stand-in for that block runs, so both sides meet the
+    # message in block order, before the boundary activations of the same forward.
+    def _connect_long_skips(self, plan: PipelinePlan, modules: dict, owner: list[int]) -> None:
+        """A block's output that a later block on another stage takes as a skip input travels there;
+        on the target stage the source's SkipBlock returns what arrived instead of its input."""
+        offset = 0
+        for spec in plan.blocks:
+            block_list = modules[spec.path]
+            for source, target in (spec.long_skips(len(block_list)) if spec.long_skips else ()):
+                sender, receiver = owner[offset + source], owner[offset + target]
+                if sender == receiver:
+                    continue
+                if self.stage == sender:
+                    def send(_mod, _args, out, to=receiver):
+                        self.send(out, to)
+                    self.handles.append(block_list[source].register_forward_hook(send))
+                elif self.stage == receiver:
+                    def receive(_mod, _args, out, frm=sender):
+                        return self.recv(out, frm)  # `out` is the stand-in's input: the right shape
+                    self.handles.append(block_list[source].register_forward_hook(receive))
+            offset += len(block_list)
 
     @property
     def is_first(self) -> bool:

@@ -6,6 +6,7 @@ transformer itself) and never touches model code: shared hooks apply it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 OUTPUT = "<output>"
 """Split.arg value meaning: split the module's output, not an input."""
@@ -16,7 +17,9 @@ LOCAL = "local"
 
 @dataclass(frozen=True)
 class Split:
-    """Shard a tensor along the sequence across the SP ranks, as token stream `stream`."""
+    """Shard a tensor along the sequence across the SP ranks, as token stream `stream`.
+
+    A tuple or list input (e.g. rotary embeddings as (cos, sin)) has each of its tensors sharded alike."""
 
     module: str
     arg: str  # forward argument name, or OUTPUT
@@ -50,6 +53,10 @@ class BlockList:
     path: str  # the ModuleList, e.g. "transformer_blocks"
     carry: tuple[str, ...]  # block inputs that carry the activations from block to block
     returns: tuple[str, ...] | str  # what a block returns, named by carry inputs: a tuple, or one tensor
+    long_skips: Callable[[int], tuple[tuple[int, int], ...]] | None = None
+    """Skip connections the model's forward keeps between blocks of this list (HunyuanDiT's U-Net-like
+    skips): given the list's length, (source, target) pairs meaning "block source's output also feeds
+    block target". PipeFusion sends such an output to the stage that holds the target."""
 
 
 @dataclass(frozen=True)

@@ -239,8 +239,11 @@ def apply_sequence_parallel(transformer: torch.nn.Module, plan: SequencePlan, me
         else:
             def split_input(mod, args, kwargs, split=split):
                 named = _named_inputs(mod, args, kwargs)
-                if named.get(split.arg) is not None:
-                    named[split.arg] = state.split(named[split.arg], split.dim, split.stream)
+                value = named.get(split.arg)
+                if isinstance(value, (tuple, list)):  # e.g. HunyuanDiT's rotary (cos, sin), each [S, D]
+                    named[split.arg] = type(value)(state.split(v, split.dim, split.stream) for v in value)
+                elif value is not None:
+                    named[split.arg] = state.split(value, split.dim, split.stream)
                 return (), named
             handles.append(module.register_forward_pre_hook(split_input, with_kwargs=True))
 
