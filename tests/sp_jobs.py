@@ -5,7 +5,8 @@ from meshdit.config import GenerateRequest, ParallelConfig
 from meshdit.engine import Engine
 from meshdit.pipelines.recipe import COND
 from meshdit.testing.rank_pool import mesh_for
-from meshdit.testing.tiny_models import tiny_flux_pipeline, tiny_pipeline
+from meshdit.models.registry import family_for_pipeline
+from meshdit.testing.tiny_models import scaled_size, tiny_flux_pipeline, tiny_pipeline
 
 _PIPES: dict = {}
 MAX_SEQ = 6  # text tokens: 6 (Flux), 77 + 6 = 83 (SD3): not divisible by 4
@@ -20,13 +21,20 @@ def pipeline(name: str):
 
 def request(name: str, height: int, width: int, seed: int = 3, steps: int = 2, prompts=None,
             per_prompt: int = 1) -> GenerateRequest:
+    """height and width as written for 4-pixel tokens (scaled_size: the same token grid for every family)."""
     prompts = prompts or ["a red cat on a blue square"]
-    extra = {"max_sequence_length": MAX_SEQ}
+    height, width = scaled_size(name, height, width)
+    extra = {} if _fixed_text_length(name) else {"max_sequence_length": MAX_SEQ}
     if name.startswith("flux2"):  # tiny Flux2 has no text encoder: fixed prompt embeddings, one row per prompt
         extra["prompt_embeds"] = torch.randn(len(prompts), 5, 32, generator=torch.Generator().manual_seed(7))
     guidance = 3.0 if name.startswith("flux") and not name.startswith("flux2") else None  # true CFG for Flux
     return GenerateRequest(prompt=prompts, height=height, width=width, num_inference_steps=steps, seed=seed,
                            guidance_scale=guidance, num_images_per_prompt=per_prompt, extra=extra)
+
+
+def _fixed_text_length(name: str) -> bool:
+    """The family takes no --max-sequence-length (HunyuanDiT: its transformer's text length is fixed)."""
+    return family_for_pipeline(type(pipeline(name)).__name__).max_sequence_length_fixed
 
 
 def generate(name: str, ring: int, ulysses: int, height: int, width: int, seed: int = 3):

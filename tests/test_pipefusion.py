@@ -14,6 +14,9 @@ SIZE = (36, 44)  # 9 x 11 image tokens: patches of uneven height
 # Error bound of stale K/V with one warmup step, as PSNR of the image against the serial image
 # (pixels in [0, 1]). Measured 68-92 dB on these tiny random models (README); the bound keeps margin.
 MIN_PSNR_DB = 50.0
+# HunyuanDiT's tiny model (DDIM, v-prediction, 4 steps 250 timesteps apart) changes more from step to step,
+# so its K/V go staler: measured 35-36 dB (42 dB without long skips; 74-78 dB with 3 warmup steps).
+MIN_PSNR_DB_OF = {"hunyuandit-4blocks": 30.0}
 _REFERENCE: dict = {}
 
 
@@ -33,7 +36,7 @@ def run(run_ranks, name, **degrees):
     return run_ranks(world, sp_jobs.generate_fresh, name, degrees, *SIZE, steps=STEPS)
 
 
-FAMILIES_4 = ["flux-4blocks", "flux2-4blocks", "sd35-4blocks", "pixart-sigma-4blocks"]
+FAMILIES_4 = ["flux-4blocks", "flux2-4blocks", "sd35-4blocks", "pixart-sigma-4blocks", "hunyuandit-4blocks"]
 
 
 @pytest.mark.parametrize("stages", [2, 4])
@@ -70,7 +73,7 @@ def test_one_warmup_step_error_is_bounded(run_ranks, name, layout):
     results = run(run_ranks, name, warmup_steps=1, **layout)
     for rank, (image, _, _) in enumerate(results):
         quality = psnr(image, ref)
-        assert MIN_PSNR_DB <= quality, f"rank {rank}: PSNR {quality:.1f} dB"
+        assert MIN_PSNR_DB_OF.get(name, MIN_PSNR_DB) <= quality, f"rank {rank}: PSNR {quality:.1f} dB"
         assert np.abs(image - ref).max() > 1e-6, "stale K/V should make PipeFusion differ from serial"
 
 

@@ -7,7 +7,7 @@ from tests import sp_jobs
 
 LAYOUTS = [(1, 2), (2, 1), (2, 2), (1, 4), (4, 1)]  # (ring, ulysses)
 SIZES = [(32, 32), (32, 48), (36, 44)]  # square, non-square, 9x11 = 99 tokens: divides by neither 2 nor 4
-FAMILIES = ["flux", "flux2", "sd35", "pixart-sigma"]
+FAMILIES = ["flux", "flux2", "sd35", "pixart-sigma", "hunyuandit"]
 
 _REFERENCE: dict = {}
 

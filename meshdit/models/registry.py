@@ -81,6 +81,9 @@ FAMILIES = (
     ModelFamily("pixart", "PixArtTransformer2DModel", ("PixArtSigmaPipeline", "PixArtAlphaPipeline"),
                 "meshdit.models.pixart", packed=False, default_steps=20, default_guidance=4.5,
                 default_max_sequence_length=300, max_sequence_length_by_pipeline={"PixArtAlphaPipeline": 120}),
+    ModelFamily("hunyuandit", "HunyuanDiT2DModel", ("HunyuanDiTPipeline",), "meshdit.models.hunyuandit",
+                packed=False, default_steps=50, default_guidance=5.0, default_max_sequence_length=256,
+                max_sequence_length_fixed=True),
 )
 
 

@@ -51,12 +51,16 @@ def t5_text_model(d_model: int = 32):
     return T5EncoderModel(cfg).eval()
 
 
-def tiny_vae(latent_channels: int = 4, scaling_factor: float = 0.6, shift_factor: float | None = 0.1):
+def tiny_vae(latent_channels: int = 4, scaling_factor: float = 0.6, shift_factor: float | None = 0.1,
+             block_out_channels: tuple[int, ...] = (8, 16)):
+    """Downsamples by 2 ** (len(block_out_channels) - 1)."""
     from diffusers import AutoencoderKL
 
+    levels = len(block_out_channels)
     kwargs = dict(
-        block_out_channels=(8, 16), layers_per_block=1, latent_channels=latent_channels, norm_num_groups=8,
-        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=block_out_channels, layers_per_block=1, latent_channels=latent_channels,
+        norm_num_groups=8, down_block_types=("DownEncoderBlock2D",) * levels,
+        up_block_types=("UpDecoderBlock2D",) * levels,
         sample_size=32, scaling_factor=scaling_factor, shift_factor=shift_factor,
     )
     return AutoencoderKL(**kwargs).eval()
@@ -130,6 +134,55 @@ def tiny_pixart_pipeline(seed: int = 0, variant: str = "sigma", layers: int = 2)
                transformer=transformer, scheduler=DPMSolverMultistepScheduler())
 
 
+def bert_tokenizer():
+    from transformers import BertTokenizer
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + _WORDS + list(string.ascii_lowercase + string.digits)
+    return BertTokenizer(vocab={piece: i for i, piece in enumerate(vocab)}, model_max_length=77)
+
+
+def bert_text_model(hidden: int = 32):
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(vocab_size=80, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=2 * hidden, max_position_embeddings=80)
+    return BertModel(cfg, add_pooling_layer=False).eval()
+
+
+def tiny_hunyuandit_pipeline(seed: int = 0, layers: int = 2, stochastic: bool = True):
+    """With four blocks, block 3 takes block 0's output as a long skip (two blocks have none). Its VAE
+    downsamples by 8 (the pipeline's rotary grid assumes 8) and its text lengths are the pipeline's fixed
+    77 (BERT) + 256 (T5). stochastic: HunyuanDiT's own DDPM scheduler, which draws noise in every step;
+    else DDIM (eta 0), the same arithmetic without that noise."""
+    from diffusers import DDIMScheduler, DDPMScheduler, HunyuanDiT2DModel, HunyuanDiTPipeline
+
+    torch.manual_seed(seed)
+    transformer = HunyuanDiT2DModel(
+        num_attention_heads=4, attention_head_dim=8, in_channels=4, patch_size=2, sample_size=16, hidden_size=32,
+        num_layers=layers, mlp_ratio=2.0, cross_attention_dim=32, cross_attention_dim_t5=32,
+        pooled_projection_dim=16, text_len=77, text_len_t5=256,
+    ).eval()
+    schedule = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.03, clip_sample=False,
+                    prediction_type="v_prediction", steps_offset=1, timestep_spacing="leading")
+    scheduler = DDPMScheduler(**schedule) if stochastic else DDIMScheduler(**schedule, set_alpha_to_one=False)
+    return HunyuanDiTPipeline(
+        vae=tiny_vae(shift_factor=None, block_out_channels=(8, 16, 16, 16)), text_encoder=bert_text_model(32),
+        tokenizer=bert_tokenizer(), transformer=transformer, scheduler=scheduler, safety_checker=None,
+        feature_extractor=None, requires_safety_checker=False, text_encoder_2=t5_text_model(32),
+        tokenizer_2=t5_tokenizer(),
+    )
+
+
+TEST_SCALE = {"hunyuandit": 4, "hunyuandit-4blocks": 4}
+"""Tests write sizes for 4-pixel tokens (VAE 2 x patch 2); a pipeline with larger tokens multiplies them
+(HunyuanDiT: VAE 8 x patch 2), so every family sees the same token grids."""
+
+
+def scaled_size(name: str, height: int, width: int) -> tuple[int, int]:
+    scale = TEST_SCALE.get(name, 1)
+    return height * scale, width * scale
+
+
 BUILDERS = {
     "flux": tiny_flux_pipeline,
     "flux2": tiny_flux2_pipeline,
@@ -137,12 +190,15 @@ BUILDERS = {
     "sd35": tiny_sd3_pipeline,
     "pixart-sigma": tiny_pixart_pipeline,
     "pixart-alpha": lambda seed=0: tiny_pixart_pipeline(seed, "alpha"),
+    "hunyuandit": tiny_hunyuandit_pipeline,
     # four blocks, for four pipeline stages
     "flux-4blocks": lambda seed=0: tiny_flux_pipeline(seed, double=2, single=2),
     "flux2-4blocks": lambda seed=0: tiny_flux2_pipeline(seed, double=2, single=2),
     "sd35-4blocks": lambda seed=0: tiny_sd3_pipeline(seed, layers=4),
     "sd3-4blocks": lambda seed=0: tiny_sd3_pipeline(seed, sd35=False, layers=4),
     "pixart-sigma-4blocks": lambda seed=0: tiny_pixart_pipeline(seed, layers=4),
+    # DDIM: after PipeFusion's warmup each patch steps alone, and DDPM would draw other noise for it
+    "hunyuandit-4blocks": lambda seed=0: tiny_hunyuandit_pipeline(seed, layers=4, stochastic=False),
     # hidden 256 (4 heads x 64): Linear layers wide enough that FP8 scales and biases are a small overhead
     "flux-wide": lambda seed=0: tiny_flux_pipeline(seed, head_dim=64),
 }
