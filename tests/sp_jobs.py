@@ -43,12 +43,14 @@ def generate(name: str, ring: int, ulysses: int, height: int, width: int, seed: 
 
 
 def generate_layout(name: str, degrees: dict, height: int, width: int, seed: int = 3, prompts=None,
-                    per_prompt: int = 1):
-    """generate() for any layout, e.g. degrees=dict(cfg_degree=2, ring_degree=2)."""
+                    per_prompt: int = 1, vae: dict | None = None):
+    """generate() for any layout, e.g. degrees=dict(cfg_degree=2, ring_degree=2); vae: VaeDecodeSettings fields."""
+    from meshdit.vae import VaeDecodeSettings
+
     pipe = pipeline(name)
     config = ParallelConfig(**degrees)
     mesh = mesh_for(config) if config.world_size > 1 else None
-    engine = Engine(pipe, mesh)
+    engine = Engine(pipe, mesh, VaeDecodeSettings(**(vae or {})))
     try:
         req = request(name, height, width, seed, prompts=prompts, per_prompt=per_prompt)
         with torch.inference_mode():

@@ -45,6 +45,22 @@ def test_layout_equals_single_process(run_ranks, name, degrees, prompts, per_pro
     check(results, reference(name, prompts, per_prompt))
 
 
+@pytest.mark.parametrize("degrees", [dict(cfg_degree=2), dict(cfg_degree=2, ulysses_degree=2)], ids=["cfg2", "cfg2-u2"])
+@pytest.mark.parametrize("name", ["hunyuandit"])  # its DDPM draws noise in every step: data parallelism is refused
+def test_cfg_of_families_that_refuse_data_parallelism(run_ranks, name, degrees):
+    results = run_ranks(ParallelConfig(**degrees).world_size, sp_jobs.generate_layout, name, degrees, 36, 44,
+                        prompts=PROMPTS[:1])
+    check(results, reference(name, PROMPTS[:1], 1))
+
+
+def test_data_parallel_refused_where_the_scheduler_draws_noise_in_each_step():
+    info = ModelInfo.from_pipeline(tiny_pipeline("hunyuandit"))
+    assert info.scheduler_class == "DDPMScheduler"
+    with pytest.raises(ConfigError, match="DDPMScheduler draws fresh noise in every step.*Drop --data-parallel"):
+        info.check(ParallelConfig(data_parallel_degree=2), 64, 64, num_images=2)
+    info.check(ParallelConfig(cfg_degree=2), 64, 64, num_images=2)  # CFG parallel: both ranks draw the same
+
+
 @pytest.mark.parametrize("name", ["flux", "sd35", "pixart-sigma"])
 def test_cfg2_ring2_ulysses2_on_eight_ranks(run_ranks, name):
     degrees = dict(cfg_degree=2, ring_degree=2, ulysses_degree=2)

@@ -38,6 +38,8 @@ CASES = {
     "pixart-alpha": (lambda: tiny_pipeline("pixart-alpha"),
                      dict(prompt=PROMPT, guidance_scale=4.5, max_sequence_length=TEXT, use_resolution_binning=False),
                      4.5, {}),
+    "hunyuandit": (lambda: tiny_pipeline("hunyuandit"),
+                   dict(prompt=PROMPT, guidance_scale=5.0, use_resolution_binning=False), 5.0, {}),
 }
 
 

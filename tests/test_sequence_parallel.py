@@ -37,6 +37,13 @@ def test_layout_equals_single_process(run_ranks, name, layout, size):
     assert_equal_to_reference(results, reference(name, *size))
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+def test_parallel_vae_under_ulysses_equals_single_process(run_ranks, name):
+    """--use-parallel-vae splits the decode into row bands over the image group: exact."""
+    results = run_ranks(2, sp_jobs.generate_layout, name, dict(ulysses_degree=2), 36, 44, vae=dict(parallel=True))
+    assert_equal_to_reference(results, reference(name, 36, 44))
+
+
 @pytest.mark.parametrize("name", ["sd3", "pixart-alpha"])
 def test_other_pipelines_of_the_families(run_ranks, name):
     results = run_ranks(4, sp_jobs.generate, name, 2, 2, 36, 44)

@@ -10,6 +10,13 @@ from ..errors import ConfigError
 from .registry import ModelFamily, family_for_pipeline
 
 
+NOISE_DRAWING_SCHEDULERS = frozenset({
+    "DDPMScheduler", "DDPMParallelScheduler", "EulerAncestralDiscreteScheduler", "KDPM2AncestralDiscreteScheduler",
+    "DPMSolverSDEScheduler", "LCMScheduler", "TCDScheduler"})
+"""Schedulers whose step() draws noise from the request's generator (e.g. HunyuanDiT's DDPM): a rank holding
+part of the batch would draw other noise than one process drawing it for the whole batch."""
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     source: str
@@ -17,6 +24,7 @@ class ModelInfo:
     family: ModelFamily
     transformer_config: dict
     vae_scale_factor: int
+    scheduler_class: str = ""
 
     @property
     def num_heads(self) -> int:
@@ -33,7 +41,7 @@ class ModelInfo:
         pipeline_class = type(pipe).__name__
         source = getattr(pipe, "name_or_path", None) or "<in memory>"  # the folder it was loaded from, if any
         return cls(source, pipeline_class, family_for_pipeline(pipeline_class),
-                   dict(pipe.transformer.config), int(pipe.vae_scale_factor))
+                   dict(pipe.transformer.config), int(pipe.vae_scale_factor), type(pipe.scheduler).__name__)
 
     @classmethod
     def from_pretrained(cls, model: str) -> "ModelInfo":
@@ -46,7 +54,10 @@ class ModelInfo:
         transformer = _read_json(model, "transformer/config.json")
         vae = _read_json(model, "vae/config.json")
         vae_scale = 2 ** (len(vae.get("block_out_channels", [0] * 4)) - 1)
-        return cls(model, pipeline_class, family_for_pipeline(pipeline_class), transformer, vae_scale)
+        scheduler = index.get("scheduler")  # ["diffusers", "DDPMScheduler"]
+        scheduler_class = scheduler[1] if isinstance(scheduler, list) and len(scheduler) == 2 else ""
+        return cls(model, pipeline_class, family_for_pipeline(pipeline_class), transformer, vae_scale,
+                   str(scheduler_class))
 
     @property
     def is_bundled_model(self) -> bool:
@@ -110,6 +121,12 @@ class ModelInfo:
                 f"data-parallel degree {config.data_parallel_degree} needs at least as many images, but the request "
                 f"makes {num_images}: add prompts (--prompt again, or --prompt-file), raise "
                 f"--num-images-per-prompt, or use --data-parallel-degree <= {num_images}.")
+        if config.data_parallel_degree > 1 and self.scheduler_class in NOISE_DRAWING_SCHEDULERS:
+            raise ConfigError(
+                f"data parallelism cannot give each image the noise one process gives it: this model's "
+                f"{self.scheduler_class} draws fresh noise in every step, from one generator for the whole batch. "
+                "Drop --data-parallel-degree (give the ranks to --ulysses-degree, --ring-degree or "
+                "--use-cfg-parallel), or run one image per command.")
         self.check_layout(config)
         multiple = self.family.pixel_multiple(self.transformer_config, self.vae_scale_factor)
         for name, value in (("height", height), ("width", width)):
