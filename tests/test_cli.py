@@ -246,6 +246,17 @@ def test_registry_defaults_equal_diffusers():
             assert family.default_guidance == call["guidance_scale"].default, pipeline_class
 
 
+def test_a_fixed_text_length_refuses_another_max_sequence_length():
+    """HunyuanDiT's transformer takes exactly 77 BERT + 256 T5 tokens: another length is refused before ranks start."""
+    from meshdit.models.info import ModelInfo
+
+    info = ModelInfo.from_pipeline(tiny_pipeline("hunyuandit"))
+    with pytest.raises(ConfigError, match="takes exactly 256 text tokens.*not 100: drop --max-sequence-length"):
+        info.check_request(ParallelConfig(), GenerateRequest(prompt="a cat", height=64, width=64,
+                                                             extra={"max_sequence_length": 100}))
+    info.check_request(ParallelConfig(), GenerateRequest(prompt="a cat", height=64, width=64))  # its default passes
+
+
 def test_unreachable_hub_fails_within_seconds(tmp_path):
     env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper() and k != "HF_HUB_OFFLINE"}
     env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT="http://huggingface.invalid")

@@ -1,1 +1,1 @@
-"""Per-family model plans and the registry that finds them (imports are lazy)."""
+"""One module per model family (its plans and recipe), the registry of plain-data rows, and validation from configs."""

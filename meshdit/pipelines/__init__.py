@@ -1,1 +1,1 @@
-"""Denoising-loop recipes per pipeline family, built on public diffusers pipeline methods."""
+"""The shared recipe base and the denoising loops (serial / CFG-parallel, PipeFusion) the engine runs."""
