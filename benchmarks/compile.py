@@ -58,7 +58,7 @@ def compile_job(method: str, tokens: int, steps: int, rounds: int, backend: str)
         if serial:
             engine = Engine(pipe)
             if compile_backend:
-                handles.extend(compile_blocks(pipe.transformer, engine.info.family.pipeline_plan(), compile_backend))
+                handles.extend(compile_blocks(pipe.transformer, engine.info.family.plan().stages, compile_backend))
             return engine
         return Engine(pipe, mesh_for(ParallelConfig(**METHODS[method], compile=compile_backend)))
 
@@ -114,7 +114,7 @@ def _count_block_calls(engine) -> list[int]:
     from meshdit.parallel.compile import blocks_of
 
     calls = [0]
-    for block in blocks_of(engine.pipe.transformer, engine.info.family.pipeline_plan()):
+    for block in blocks_of(engine.pipe.transformer, engine.info.family.plan().stages):
         block.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     return calls
 

@@ -44,7 +44,7 @@ def _image(name: str, degrees: dict, steps: int, backend: str | None):
     engine = Engine(pipe, mesh_for(config))
     calls = [0]
     hooks = [b.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-             for b in blocks_of(pipe.transformer, engine.info.family.pipeline_plan())]
+             for b in blocks_of(pipe.transformer, engine.info.family.plan().stages)]
     _Graphs.compiled = _Graphs.runs = 0
     try:
         image = engine.generate(request(name, 36, 44, steps=steps)).images
