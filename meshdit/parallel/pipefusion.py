@@ -78,12 +78,14 @@ class PipeFusion:
                 if sender == receiver:
                     continue
                 if self.stage == sender:
+                    @torch.compiler.disable
                     def send(_mod, _args, out, to=receiver):
-                        self.send(out, to)
+                        self.channel.send(out, to)
                     self.handles.append(block_list[source].register_forward_hook(send))
                 elif self.stage == receiver:
+                    @torch.compiler.disable
                     def receive(_mod, _args, out, frm=sender):
-                        return self.recv(out, frm)  # `out` is the stand-in's input: the right shape
+                        return self.channel.recv(out, frm)  # `out` is the stand-in's input: the right shape
                     self.handles.append(block_list[source].register_forward_hook(receive))
             offset += len(block_list)
 
