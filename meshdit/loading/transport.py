@@ -6,8 +6,8 @@ pages: one copy of the weights in host memory whatever the number of ranks. When
 working dtype differs from the file's (fp32 file, bf16 run), one rank per host casts
 the weights into one shared memory file that every rank of the host maps instead
 (shared_cast_tensors): still one copy per host, in the working dtype.
-broadcast: rank 0 alone reads, tensor by tensor in the agreed order, and sends each
-to the ranks that keep it; a receiver materialises it on its device (through
+broadcast: the lowest rank of each host alone reads, tensor by tensor in the agreed
+order, and sends each to the ranks of its host that keep it; a receiver materialises it on its device (through
 `on_tensor`, e.g. an FP8 quantiser) before the next one arrives.
 """
 from __future__ import annotations
