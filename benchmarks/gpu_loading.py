@@ -120,7 +120,7 @@ def _rank(payload: dict) -> None:
     from meshdit.config import ParallelConfig
     from meshdit.distributed.mesh import ParallelMesh, init_distributed
     from meshdit.loading import LoadOptions
-    from meshdit.pipelines.loading import load_pipeline
+    from meshdit.loading.entry import load_pipeline
 
     device = init_distributed()
     world = dist.get_world_size()

@@ -23,7 +23,7 @@ from meshdit.config import GenerateRequest, ParallelConfig
 from meshdit.distributed.comm import comm_stats
 from meshdit.engine import Engine
 from meshdit.errors import ConfigError
-from meshdit.pipelines.recipe import COND
+from meshdit.denoising.recipe import COND
 from meshdit.testing.rank_pool import mesh_for
 
 from .diffusers_cp import count_functional_collectives, enable_context_parallel

@@ -93,7 +93,7 @@ def _load(folder: str, efficient: bool, dtype_name: str) -> tuple[float, float, 
 
     from meshdit.config import ParallelConfig
     from meshdit.loading import LoadOptions
-    from meshdit.pipelines.loading import load_pipeline
+    from meshdit.loading.entry import load_pipeline
     from meshdit.testing.rank_pool import mesh_for
 
     mesh = mesh_for(ParallelConfig(ulysses_degree=WORLD))

@@ -12,7 +12,7 @@ from .config import GenerateRequest
 from .distributed.mesh import ParallelMesh, SingleProcessMesh
 from .models.info import ModelInfo
 from .parallel.parallelize import parallelize
-from .pipelines.batching import concat_states
+from .denoising.batching import concat_states
 from .vae import VaeDecodeSettings, decodes_here
 
 
@@ -46,7 +46,7 @@ class Engine:
         """`model`: a pipeline folder or Hub id; None: meshdit's bundled model (with its own size, steps and
         guidance as request defaults). Loading progress bars show only with show_progress=True.
         `loading`: LoadOptions (memory-efficient load, text-encoder placement); `fp8`: Fp8Config."""
-        from .pipelines.loading import load_pipeline
+        from .loading.entry import load_pipeline
 
         if model is None:
             from .default_model import weights_path

@@ -3,7 +3,7 @@ import torch
 
 from meshdit.config import GenerateRequest, ParallelConfig
 from meshdit.engine import Engine
-from meshdit.pipelines.recipe import COND
+from meshdit.denoising.recipe import COND
 from meshdit.testing.rank_pool import mesh_for
 from meshdit.models.registry import family_for_pipeline
 from meshdit.testing.tiny_models import scaled_size, tiny_flux_pipeline, tiny_pipeline

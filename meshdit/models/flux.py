@@ -9,7 +9,7 @@ import torch
 from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
 
 from ..parallel.plan import BlockList, Gather, ModelPlan, PipelinePlan, SequencePlan, Split
-from ..pipelines.recipe import COND, UNCOND, DenoiseState, Recipe, flow_sigmas
+from ..denoising.recipe import COND, UNCOND, DenoiseState, Recipe, flow_sigmas
 
 # Text and image tokens are both sharded; ids are sharded like their tokens, so the RoPE table the
 # model builds from cat(txt_ids, img_ids) matches the local tokens. Every attention sees [txt, img].

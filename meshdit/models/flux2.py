@@ -6,7 +6,7 @@ import torch
 from diffusers.pipelines.flux2.pipeline_flux2 import compute_empirical_mu, retrieve_timesteps
 
 from ..parallel.plan import BlockList, ModelPlan, PipelinePlan
-from ..pipelines.recipe import COND, DenoiseState, Recipe, flow_sigmas
+from ..denoising.recipe import COND, DenoiseState, Recipe, flow_sigmas
 from .flux import SEQUENCE_PLAN  # the same streams; dims count from the end, so batched ids split alike
 
 # Between the lists the model concatenates [txt, img] into one stream for the single blocks.

@@ -8,7 +8,7 @@ from diffusers.models.embeddings import get_2d_rotary_pos_embed
 from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import get_resize_crop_region_for_grid
 
 from ..parallel.plan import LOCAL, OUTPUT, BlockList, Gather, ModelPlan, PipelinePlan, SequencePlan, Split
-from ..pipelines.recipe import COND, UNCOND, DenoiseState, Recipe
+from ..denoising.recipe import COND, UNCOND, DenoiseState, Recipe
 
 
 def _long_skips(num_blocks: int) -> tuple[tuple[int, int], ...]:

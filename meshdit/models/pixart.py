@@ -6,7 +6,7 @@ import torch
 from diffusers.pipelines.pixart_alpha.pipeline_pixart_alpha import retrieve_timesteps
 
 from ..parallel.plan import LOCAL, OUTPUT, BlockList, Gather, ModelPlan, PipelinePlan, SequencePlan, Split
-from ..pipelines.recipe import COND, UNCOND, DenoiseState, Recipe
+from ..denoising.recipe import COND, UNCOND, DenoiseState, Recipe
 
 # Text stays whole on every rank: cross-attention needs no communication, and its padding mask
 # applies unchanged.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift, retrieve_timesteps
 
 from ..parallel.plan import OUTPUT, BlockList, Gather, ModelPlan, PipelinePlan, SequencePlan, Split
-from ..pipelines.recipe import COND, UNCOND, DenoiseState, Recipe
+from ..denoising.recipe import COND, UNCOND, DenoiseState, Recipe
 
 # The latent is patchified inside forward, so tokens are sharded at the outputs of the patch
 # embedding (which adds the positional embedding) and the text projection, and gathered before

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..distributed.comm import all_reduce
-from ..pipelines.loop import denoise
-from ..pipelines.pipefusion_loop import pipefusion_denoise
+from ..denoising.loop import denoise
+from ..denoising.pipefusion_loop import pipefusion_denoise
 from ..vae import decode, decodes_here, share_images
 from . import data
 

@@ -106,7 +106,7 @@ def _follow(engine) -> None:
 
 def _run(engine, requests, state: ServerState | None, batch) -> None:
     """One batch on this rank. Outcomes that every rank reaches alike (cancel, refused request) are not faults."""
-    from ..pipelines.loop import GenerationCancelled
+    from ..denoising.loop import GenerationCancelled
 
     on_step = state.progress(batch) if state is not None else (lambda step, total: False)
     try:

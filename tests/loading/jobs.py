@@ -6,7 +6,7 @@ from meshdit.engine import Engine
 from meshdit.errors import ConfigError
 from meshdit.loading import LoadOptions
 from meshdit.loading.skeleton import param_bytes
-from meshdit.pipelines.loading import load_pipeline
+from meshdit.loading.entry import load_pipeline
 from meshdit.testing.rank_pool import mesh_for
 
 SIZE = (36, 44)

@@ -3,7 +3,7 @@ import torch
 
 from meshdit.config import GenerateRequest, ParallelConfig
 from meshdit.engine import Engine
-from meshdit.pipelines.loop import GenerationCancelled
+from meshdit.denoising.loop import GenerationCancelled
 from meshdit.testing.rank_pool import mesh_for
 from meshdit.testing.tiny_models import tiny_pipeline
 from tests.sp_jobs import pipeline

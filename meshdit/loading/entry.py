@@ -1,4 +1,4 @@
-"""Loading a diffusers pipeline from a folder or a Hub id."""
+"""The loading entry point: a diffusers pipeline from a folder or a Hub id, plain or memory-efficient on a mesh."""
 from __future__ import annotations
 
 import torch
@@ -20,12 +20,12 @@ def load_pipeline(model: str, device: torch.device, torch_dtype: torch.dtype | N
     weights on the meta device; its config still serves the pipeline. fp8_gemm: a memory-efficient
     load makes the block lists' Linear layers FP8 as their weights arrive (else parallelize does, after).
     """
-    from ..loading import LoadOptions
+    from .options import LoadOptions
 
     dtype = torch_dtype or default_dtype(device)
     options = options or LoadOptions()
     if mesh is not None and options.efficient(mesh.config.world_size):
-        from ..loading.pipeline import load_pipeline_efficiently
+        from .pipeline import load_pipeline_efficiently
 
         return load_pipeline_efficiently(model, device, dtype, mesh, options, on_tensor, vae_here, fp8_gemm)
     from diffusers import DiffusionPipeline
@@ -37,7 +37,7 @@ def load_pipeline(model: str, device: torch.device, torch_dtype: torch.dtype | N
     pipe.set_progress_bar_config(disable=True)
     pipe.to(device)
     if options.text_encoder_device:  # text encoders stay there; embeddings move to `device`
-        from ..loading.text import encode_on_one_rank
+        from .text import encode_on_one_rank
 
         encoder_device = torch.device(options.text_encoder_device)
         for name, component in pipe.components.items():
