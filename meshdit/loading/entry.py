@@ -12,10 +12,9 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 def load_pipeline(model: str, device: torch.device, torch_dtype: torch.dtype | None = None, mesh=None,
-                  options=None, on_tensor=None, vae_here: bool = True, fp8_gemm: bool = False):
+                  options=None, vae_here: bool = True, fp8_gemm: bool = False):
     """The pipeline on `device`; on a multi-rank mesh, memory-efficiently unless options turn it off.
 
-    on_tensor(name, tensor) -> tensor transforms each transformer weight as it arrives (e.g. FP8).
     vae_here=False (a rank that does not decode): a memory-efficient load leaves the VAE's
     weights on the meta device; its config still serves the pipeline. fp8_gemm: a memory-efficient
     load makes the block lists' Linear layers FP8 as their weights arrive (else parallelize does, after).
@@ -27,7 +26,7 @@ def load_pipeline(model: str, device: torch.device, torch_dtype: torch.dtype | N
     if mesh is not None and options.efficient(mesh.config.world_size):
         from .pipeline import load_pipeline_efficiently
 
-        return load_pipeline_efficiently(model, device, dtype, mesh, options, on_tensor, vae_here, fp8_gemm)
+        return load_pipeline_efficiently(model, device, dtype, mesh, options, vae_here, fp8_gemm)
     from diffusers import DiffusionPipeline
 
     try:

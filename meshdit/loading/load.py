@@ -11,7 +11,7 @@ from torch import nn
 
 from .checkpoint import check_against, read_checkpoint
 from .skeleton import build_skeleton, expected_shapes, param_bytes, set_tensor
-from .transport import OnTensor, host_groups, shared_cast_tensors, shared_tensors, streamed_tensors
+from .transport import host_groups, shared_cast_tensors, shared_tensors, streamed_tensors
 
 
 @dataclass
@@ -22,7 +22,7 @@ class LoadReport:
 
 
 def load_model(model_dir: str, name: str, device: torch.device, dtype: torch.dtype,
-               select: Callable[[nn.Module], Callable[[str], bool]] | None = None, on_tensor: OnTensor | None = None,
+               select: Callable[[nn.Module], Callable[[str], bool]] | None = None,
                transport: str = "shared", group=None,
                on_loaded: Callable[[nn.Module, str], None] | None = None) -> tuple[nn.Module, LoadReport]:
     """Component `name` with the tensors select(skeleton) keeps materialised on `device` (others stay on meta).
@@ -54,8 +54,6 @@ def load_model(model_dir: str, name: str, device: torch.device, dtype: torch.dty
         arrivals = streamed_tensors(entries, keep, device, group)
     for entry, tensor in arrivals:
         tensor = tensor.to(device=device, dtype=target_of(entry))  # no copy when the view already fits
-        if on_tensor is not None:
-            tensor = on_tensor(entry.name, tensor)
         set_tensor(model, entry.name, tensor)
         if on_loaded is not None:
             on_loaded(model, entry.name)  # e.g. QuantizeWhileLoading

@@ -21,7 +21,7 @@ def local_folder(model: str) -> str:
 
 
 def load_pipeline_efficiently(model: str, device: torch.device, dtype: torch.dtype, mesh,
-                              options: LoadOptions, on_tensor=None, vae_here: bool = True,
+                              options: LoadOptions, vae_here: bool = True,
                               fp8_gemm: bool = False):
     """The pipeline with its transformer loaded from one shared or streamed copy of the weights.
 
@@ -47,7 +47,7 @@ def load_pipeline_efficiently(model: str, device: torch.device, dtype: torch.dty
 
         check_fp8_gemm(device)
         on_loaded = QuantizeWhileLoading([spec.path for spec in family.plan().stages.blocks])
-    transformer, report = load_model(folder, "transformer", device, dtype, select, on_tensor,
+    transformer, report = load_model(folder, "transformer", device, dtype, select,
                                      options.transport_for(device.type), on_loaded=on_loaded)
     encoders = text_encoder_names(folder)
     # Only the encoding rank loads the text encoders; the others get its embeddings.

@@ -7,8 +7,8 @@ working dtype differs from the file's (fp32 file, bf16 run), one rank per host c
 the weights into one shared memory file that every rank of the host maps instead
 (shared_cast_tensors): still one copy per host, in the working dtype.
 broadcast: the lowest rank of each host alone reads, tensor by tensor in the agreed
-order, and sends each to the ranks of its host that keep it; a receiver materialises it on its device (through
-`on_tensor`, e.g. an FP8 quantiser) before the next one arrives.
+order, and sends each to the ranks of its host that keep it; a receiver materialises it on
+its device (and load_model's on_loaded may turn its layer FP8) before the next one arrives.
 """
 from __future__ import annotations
 
@@ -22,9 +22,6 @@ import torch.distributed as dist
 
 from ..distributed.comm import broadcast, recv_into, send
 from .checkpoint import TensorEntry
-
-OnTensor = Callable[[str, torch.Tensor], torch.Tensor]
-
 
 class FileViews:
     """Zero-copy CPU tensors over read-only mappings of safetensors files."""
