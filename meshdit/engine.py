@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from .config import GenerateRequest
+from .errors import ConfigError
 from .distributed.mesh import ParallelMesh, SingleProcessMesh
 from .models.info import ModelInfo
 from .parallel.parallelize import parallelize
@@ -84,21 +85,24 @@ class Engine:
         requests = [self.resolve(r) for r in requests]
         # The data-parallel split needs enough images in the whole batch, not in each request.
         total = sum(len(r.prompts) * r.num_images_per_prompt for r in requests)
+        if len(requests) > 1 and self.info.draws_noise_each_step:
+            raise ConfigError(f"this model's {self.info.scheduler_class} draws noise from each request's generator in "
+                              "every step, so requests cannot share a batch: generate them one at a time")
         for request in requests:
             self.info.check_request(self.mesh.config, request, num_images=total)
         parallel, seconds, start = self._parallel, {}, time.perf_counter()
         # Noise is drawn on the CPU from the seed, so every rank and every layout starts from the same latents.
-        states = [self.recipe.prepare(r, torch.Generator("cpu").manual_seed(r.seed), self.pipe._execution_device)
+        states = [self.recipe.prepare(r, torch.Generator("cpu").manual_seed(r.seed), self.mesh.device)
                   for r in requests]
         counts = [s.batch_size for s in states]
         state = parallel.share(self.recipe, concat_states(self.recipe, states))
         seconds["prepare"] = time.perf_counter() - start
         latents = parallel.denoise(self.recipe, state, show_progress,
-                                   parallel.agreed(on_step, self.pipe._execution_device))
+                                   parallel.agreed(on_step, self.mesh.device))
         seconds["denoise"] = time.perf_counter() - start - seconds["prepare"]
         # [B, 3, H, W] in [-1, 1] on every rank of the image group; decode_latents runs only where the VAE does
         image = parallel.decode(self.pipe.vae, lambda: self.recipe.decode_latents(state, latents), self.vae,
-                                self.pipe._execution_device)
+                                self.mesh.device)
         image = parallel.gather(image, sum(counts))  # every rank: all images of the batch
         images = self.pipe.image_processor.postprocess(image, output_type=output_type)
         seconds["decode"] = time.perf_counter() - start - seconds["prepare"] - seconds["denoise"]

@@ -27,6 +27,10 @@ def concat_states(recipe: Recipe, states: list[DenoiseState]) -> DenoiseState:
         if (isinstance(head, torch.Tensor) and head.dim() > 0 and key not in recipe.unbatched_keys
                 and all(v.shape[0] == s.batch_size for v, s in zip(values, states))):
             return torch.cat(values)
+        if not isinstance(head, torch.Tensor) and any(v is not head and v != head for v in values[1:]):
+            # e.g. a scheduler's per-request generator: one value cannot stand for all of them
+            raise ValueError(f"requests differ in {key!r} ({type(head).__name__}), which has no batch dimension: "
+                             "they cannot share a batch; run them one at a time")
         return head
 
     return DenoiseState(join([s.latents for s in states]), first.timesteps, join([s.branches for s in states]),

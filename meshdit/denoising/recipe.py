@@ -41,14 +41,16 @@ class Recipe:
     """Base: subclasses fill in prepare / model_inputs / decode_latents; the rest is shared.
 
     `defaults` fill what a request leaves unset (ModelInfo.request_defaults: the registry row's,
-    or the bundled model's); `packed_tokens` is the registry row's `packed`.
+    or the bundled model's); `packed_tokens` is the registry row's `packed`; `pixel_multiple` the
+    pixels per image token along each side (the row's `pixel_multiple`, the one place that rule lives).
     """
 
-    def __init__(self, pipe, defaults: RequestDefaults, packed_tokens: bool) -> None:
+    def __init__(self, pipe, defaults: RequestDefaults, packed_tokens: bool, pixel_multiple: int) -> None:
         self.pipe = pipe
         self.defaults = defaults
         self.packed_tokens = packed_tokens
         """Latents are [B, S, C] tokens in row-major order (Flux); else [B, C, h, w] patchified by the model."""
+        self.pixel_multiple = pixel_multiple
 
     # -- preparation -------------------------------------------------------
     def prepare(self, request: GenerateRequest, generator: torch.Generator, device: torch.device) -> DenoiseState:
@@ -111,19 +113,15 @@ class Recipe:
     # -- patches (PipeFusion) -----------------------------------------------
     def token_grid(self, state: DenoiseState) -> tuple[int, int]:
         """Image tokens as (rows, columns)."""
-        if self.packed_tokens:
-            m = self.pipe.vae_scale_factor * 2
-            return state.height // m, state.width // m
-        p = self.pipe.transformer.config.patch_size
-        return state.latents.shape[2] // p, state.latents.shape[3] // p
+        return state.height // self.pixel_multiple, state.width // self.pixel_multiple
 
     def patch_view(self, state: DenoiseState, latents: torch.Tensor, row0: int, row1: int) -> torch.Tensor:
         """The part of `latents` (or of a noise prediction) behind token rows row0..row1-1 (a view)."""
         if self.packed_tokens:
             cols = self.token_grid(state)[1]
-            return latents[:, row0 * cols:row1 * cols]
-        p = self.pipe.transformer.config.patch_size
-        return latents[:, :, row0 * p:row1 * p]
+            return latents[:, row0 * cols:row1 * cols]  # [B, S, C]: rows of tokens are runs of the sequence
+        rows = latents.shape[2] // self.token_grid(state)[0]  # latent rows per token row: the patch size
+        return latents[:, :, row0 * rows:row1 * rows]  # [B, C, h, w]
 
     # -- output ------------------------------------------------------------
     def decode_latents(self, state: DenoiseState, latents: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
 
-from ..parallel.plan import BlockList, Gather, ModelPlan, PipelinePlan, SequencePlan, Split
+from ..parallel.plan import BlockList, Gather, ModelPlan, StagePlan, SequencePlan, Split
 from ..denoising.recipe import COND, UNCOND, DenoiseState, Recipe, flow_sigmas
 
 # Text and image tokens are both sharded; ids are sharded like their tokens, so the RoPE table the
@@ -24,7 +24,7 @@ SEQUENCE_PLAN = SequencePlan(
     attention={"*": ("txt", "img")},
 )
 
-PLAN = ModelPlan(SEQUENCE_PLAN, PipelinePlan(blocks=(
+PLAN = ModelPlan(SEQUENCE_PLAN, StagePlan(blocks=(
     BlockList("transformer_blocks", ("hidden_states", "encoder_hidden_states"),
               ("encoder_hidden_states", "hidden_states")),
     BlockList("single_transformer_blocks", ("hidden_states", "encoder_hidden_states"),

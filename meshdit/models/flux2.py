@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 from diffusers.pipelines.flux2.pipeline_flux2 import compute_empirical_mu, retrieve_timesteps
 
-from ..parallel.plan import BlockList, ModelPlan, PipelinePlan
+from ..parallel.plan import BlockList, ModelPlan, StagePlan
 from ..denoising.recipe import COND, DenoiseState, Recipe, flow_sigmas
 from .flux import SEQUENCE_PLAN  # the same streams; dims count from the end, so batched ids split alike
 
 # Between the lists the model concatenates [txt, img] into one stream for the single blocks.
-PLAN = ModelPlan(SEQUENCE_PLAN, PipelinePlan(blocks=(
+PLAN = ModelPlan(SEQUENCE_PLAN, StagePlan(blocks=(
     BlockList("transformer_blocks", ("hidden_states", "encoder_hidden_states"),
               ("encoder_hidden_states", "hidden_states")),
     BlockList("single_transformer_blocks", ("hidden_states",), "hidden_states"),

@@ -7,7 +7,7 @@ import torch
 from diffusers.models.embeddings import get_2d_rotary_pos_embed
 from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import get_resize_crop_region_for_grid
 
-from ..parallel.plan import LOCAL, OUTPUT, BlockList, Gather, ModelPlan, PipelinePlan, SequencePlan, Split
+from ..parallel.plan import LOCAL, OUTPUT, BlockList, Gather, ModelPlan, StagePlan, SequencePlan, Split
 from ..denoising.recipe import COND, UNCOND, DenoiseState, Recipe
 
 
@@ -31,7 +31,7 @@ PLAN = ModelPlan(
             "blocks.*.attn2": LOCAL,
         },
     ),
-    PipelinePlan(blocks=(BlockList("blocks", ("hidden_states",), "hidden_states", long_skips=_long_skips),)),
+    StagePlan(blocks=(BlockList("blocks", ("hidden_states",), "hidden_states", long_skips=_long_skips),)),
 )
 
 

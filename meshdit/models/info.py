@@ -31,6 +31,12 @@ class ModelInfo:
         return int(self.transformer_config["num_attention_heads"])
 
     @property
+    def draws_noise_each_step(self) -> bool:
+        """The scheduler's step draws from the request's generator: no batch (nor part of one) can reproduce
+        the noise one process gives a request alone."""
+        return self.scheduler_class in NOISE_DRAWING_SCHEDULERS
+
+    @property
     def default_size(self) -> int:
         """The pipeline's default height and width in pixels."""
         latent = self.family.default_sample_size or int(self.transformer_config["sample_size"])
@@ -78,7 +84,8 @@ class ModelInfo:
 
     def make_recipe(self, pipe):
         """The family's recipe for `pipe`, filling unset request values from this model's defaults."""
-        return self.family.recipe_class()(pipe, self.request_defaults(), self.family.packed)
+        return self.family.recipe_class()(pipe, self.request_defaults(), self.family.packed,
+                                          self.family.pixel_multiple(self.transformer_config, self.vae_scale_factor))
 
     def check_request(self, config: ParallelConfig, request: GenerateRequest, num_images: int | None = None) -> None:
         """Everything about a request that can be checked before weights load; unset values take the defaults.
@@ -121,7 +128,7 @@ class ModelInfo:
                 f"data-parallel degree {config.data_parallel_degree} needs at least as many images, but the request "
                 f"makes {num_images}: add prompts (--prompt again, or --prompt-file), raise "
                 f"--num-images-per-prompt, or use --data-parallel-degree <= {num_images}.")
-        if config.data_parallel_degree > 1 and self.scheduler_class in NOISE_DRAWING_SCHEDULERS:
+        if config.data_parallel_degree > 1 and self.draws_noise_each_step:
             raise ConfigError(
                 f"data parallelism cannot give each image the noise one process gives it: this model's "
                 f"{self.scheduler_class} draws fresh noise in every step, from one generator for the whole batch. "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from diffusers.pipelines.pixart_alpha.pipeline_pixart_alpha import retrieve_timesteps
 
-from ..parallel.plan import LOCAL, OUTPUT, BlockList, Gather, ModelPlan, PipelinePlan, SequencePlan, Split
+from ..parallel.plan import LOCAL, OUTPUT, BlockList, Gather, ModelPlan, StagePlan, SequencePlan, Split
 from ..denoising.recipe import COND, UNCOND, DenoiseState, Recipe
 
 # Text stays whole on every rank: cross-attention needs no communication, and its padding mask
@@ -19,7 +19,7 @@ PLAN = ModelPlan(
             "transformer_blocks.*.attn2": LOCAL,
         },
     ),
-    PipelinePlan(blocks=(BlockList("transformer_blocks", ("hidden_states",), "hidden_states"),)),
+    StagePlan(blocks=(BlockList("transformer_blocks", ("hidden_states",), "hidden_states"),)),
 )
 
 

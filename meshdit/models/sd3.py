@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift, retrieve_timesteps
 
-from ..parallel.plan import OUTPUT, BlockList, Gather, ModelPlan, PipelinePlan, SequencePlan, Split
+from ..parallel.plan import OUTPUT, BlockList, Gather, ModelPlan, StagePlan, SequencePlan, Split
 from ..denoising.recipe import COND, UNCOND, DenoiseState, Recipe
 
 # The latent is patchified inside forward, so tokens are sharded at the outputs of the patch
@@ -22,7 +22,7 @@ PLAN = ModelPlan(
             "transformer_blocks.*.attn": ("img", "txt"),
         },
     ),
-    PipelinePlan(blocks=(
+    StagePlan(blocks=(
         BlockList("transformer_blocks", ("hidden_states", "encoder_hidden_states"),
                   ("encoder_hidden_states", "hidden_states")),
     )),

@@ -22,7 +22,7 @@ import torch
 
 from ..errors import ConfigError
 from .pipefusion import SkipBlock
-from .plan import PipelinePlan
+from .plan import StagePlan
 
 
 class CompiledBlock:
@@ -51,12 +51,12 @@ def check_backend(backend: str) -> None:
                           f"{', '.join(sorted(known))} (e.g. --compile inductor).")
 
 
-def compile_blocks(transformer: torch.nn.Module, plan: PipelinePlan, backend: str) -> list[CompiledBlock]:
+def compile_blocks(transformer: torch.nn.Module, plan: StagePlan, backend: str) -> list[CompiledBlock]:
     """Compiles every block this rank holds in the plan's block lists; returns handles that undo it."""
     return [CompiledBlock(block, backend) for block in blocks_of(transformer, plan)]
 
 
-def blocks_of(transformer: torch.nn.Module, plan: PipelinePlan) -> list[torch.nn.Module]:
+def blocks_of(transformer: torch.nn.Module, plan: StagePlan) -> list[torch.nn.Module]:
     """The blocks this rank computes (PipeFusion's SkipBlocks left out)."""
     modules = dict(transformer.named_modules())
     return [block for spec in plan.blocks for block in modules[spec.path] if not isinstance(block, SkipBlock)]

@@ -18,7 +18,7 @@ from torch import nn
 from ..attention.stale_kv import StaleKV
 from ..distributed.comm import PipeChannel
 from ..distributed.mesh import ParallelMesh
-from .plan import BlockList, PipelinePlan
+from .plan import BlockList, StagePlan
 
 
 class SkipBlock(nn.Module):
@@ -39,7 +39,7 @@ class SkipBlock(nn.Module):
 class PipeFusion:
     """This rank's stage of the transformer, and the p2p traffic between stages."""
 
-    def __init__(self, transformer: nn.Module, plan: PipelinePlan, mesh: ParallelMesh, seq_state,
+    def __init__(self, transformer: nn.Module, plan: StagePlan, mesh: ParallelMesh, seq_state,
                  codec_for=None) -> None:
         # codec_for: tensor -> its wire codec (None: exact)
         self.channel = PipeChannel(mesh.group("pp"), codec_for)
@@ -67,7 +67,7 @@ class PipeFusion:
     # NOTE: a long skip's source stage sends its block's output once per forward, right after the block;
     # the target stage receives it where its stand-in for that block runs, so both sides meet the
     # message in block order, before the boundary activations of the same forward.
-    def _connect_long_skips(self, plan: PipelinePlan, modules: dict, owner: list[int]) -> None:
+    def _connect_long_skips(self, plan: StagePlan, modules: dict, owner: list[int]) -> None:
         """A block's output that a later block on another stage takes as a skip input travels there;
         on the target stage the source's SkipBlock returns what arrived instead of its input."""
         offset = 0

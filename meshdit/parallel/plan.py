@@ -60,7 +60,7 @@ class BlockList:
 
 
 @dataclass(frozen=True)
-class PipelinePlan:
+class StagePlan:
     """Block lists in execution order; their concatenation is cut into contiguous stages."""
 
     blocks: tuple[BlockList, ...]
@@ -71,4 +71,4 @@ class ModelPlan:
     """Everything `parallelize` needs to know about a transformer: its sequence plan and its stage plan."""
 
     sequence: SequencePlan
-    stages: PipelinePlan
+    stages: StagePlan

@@ -113,6 +113,8 @@ class ServerState:
                                   width=width, num_inference_steps=steps, guidance_scale=scale, seed=body.seed,
                                   num_images_per_prompt=body.n, extra=extra)
         key = (height, width, steps, scale, body.negative_prompt is None)
+        if self.info.draws_noise_each_step:  # each request keeps its own generator: it never shares a batch
+            key += (id(request),)
         return Job(request, key, body.n, steps)
 
     def _check_prompt_length(self, param: str, text: str) -> None:

@@ -33,3 +33,46 @@ def test_a_stop_asked_by_one_rank_stops_every_rank_at_that_step_under_pipefusion
         assert stopped == 2 and seen == [0, 1, 2]
         assert after.shape == (1, 32, 32, 3)
     np.testing.assert_array_equal(results[0][2], results[1][2])
+
+
+def test_requests_of_a_noise_drawing_scheduler_never_share_a_batch():
+    """HunyuanDiT's DDPM step draws from each request's generator: a batch would hand the later requests the
+    first one's generator (other images than alone), so the engine refuses it and the server never forms it."""
+    import torch
+
+    from meshdit.denoising.batching import concat_states
+    from meshdit.errors import ConfigError
+    from meshdit.models.info import ModelInfo
+    from tests.sp_jobs import pipeline, request
+
+    engine = engine_jobs.Engine(pipeline("hunyuandit"))
+    try:
+        assert engine.info.draws_noise_each_step
+        requests = [request("hunyuandit", 32, 32, seed=s) for s in (1, 2)]
+        with pytest.raises(ConfigError, match="cannot share a batch"):
+            engine.generate_many(requests)
+        states = [engine.recipe.prepare(r, torch.Generator().manual_seed(r.seed), torch.device("cpu"))
+                  for r in requests]
+        with pytest.raises(ValueError, match="step_kwargs|generator"):
+            concat_states(engine.recipe, states)
+    finally:
+        engine.close()
+    flux = ModelInfo.from_pipeline(pipeline("flux"))
+    assert not flux.draws_noise_each_step  # flow matching: its requests do batch
+
+
+@pytest.mark.parametrize("name, shared", [("flux", True), ("hunyuandit", False)])
+def test_the_server_batches_requests_only_where_the_scheduler_draws_no_noise(name, shared):
+    from meshdit.config import ParallelConfig
+    from meshdit.serve.schemas import ImageRequest
+    from meshdit.serve.server_state import ServerState, ServeSettings
+    from tests.sp_jobs import pipeline
+
+    state = ServerState(ServeSettings(name, ParallelConfig(), 32, 32, 2, 3.0, None))
+    engine = engine_jobs.Engine(pipeline(name))
+    try:
+        state.attach(engine)
+        first, second = (state.make_job(ImageRequest(prompt="a red cat", size="32x32", seed=s)) for s in (1, 2))
+    finally:
+        engine.close()
+    assert (first.batch_key == second.batch_key) is shared
