@@ -31,12 +31,12 @@ def generate_all(degrees: dict, prompts: list[str], seed: int, fp8_kwargs: dict 
     from diffusers import FluxPipeline
 
     from meshdit import default_model as dm
-    from meshdit.config import GenerateRequest, ParallelConfig
+    from meshdit.config import GenerateRequest
     from meshdit.engine import Engine
-    from meshdit.testing.rank_pool import mesh_for
+    from meshdit.testing.rank_pool import mesh_for, split_layout
 
     torch.set_num_threads(1)  # like the CLI's ranks (and the pool's)
-    config = ParallelConfig(**degrees)
+    config, settings = split_layout(degrees)
     pipe = FluxPipeline.from_pretrained(dm.weights_path())
     pipe.set_progress_bar_config(disable=True)
     fp8 = None
@@ -51,17 +51,16 @@ def generate_all(degrees: dict, prompts: list[str], seed: int, fp8_kwargs: dict 
             request = GenerateRequest(
                 prompt=prompt, negative_prompt=dm.DEFAULT_NEGATIVE_PROMPT, height=dm.DEFAULT_HEIGHT,
                 width=dm.DEFAULT_WIDTH, num_inference_steps=dm.DEFAULT_STEPS, guidance_scale=dm.DEFAULT_GUIDANCE,
-                seed=seed + i, extra={"max_sequence_length": dm.DEFAULT_MAX_SEQUENCE_LENGTH})
+                seed=seed + i, extra={"max_sequence_length": dm.DEFAULT_MAX_SEQUENCE_LENGTH}, **settings)
             images.append(engine.generate(request).images[0])
     engine.close()
     return np.stack(images), time.perf_counter() - start
 
 
 def main() -> None:
-    from meshdit.config import ParallelConfig
     from default_model import dataset
     from default_model.evaluate import score_image
-    from meshdit.testing.rank_pool import close_all_pools, get_pool
+    from meshdit.testing.rank_pool import close_all_pools, get_pool, split_layout
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, default=None, help="only the first N evaluation prompts")
@@ -72,7 +71,7 @@ def main() -> None:
     rows, serial = [], None
     try:
         for name, degrees in LAYOUTS.items():
-            world = ParallelConfig(**degrees).world_size
+            world = split_layout(degrees)[0].world_size
             if world == 1:
                 images, seconds = generate_all(degrees, prompts, args.seed)
             else:

@@ -24,6 +24,8 @@ def run(degrees: dict, fp8_kwargs: dict | None, tokens: int, steps: int) -> dict
 
     from benchmarks.jobs import _request
     from benchmarks.models import FULL, flux_pipeline
+    from dataclasses import replace
+
     from meshdit.config import ParallelConfig
     from meshdit.distributed.comm import comm_stats
     from meshdit.engine import Engine
@@ -31,8 +33,6 @@ def run(degrees: dict, fp8_kwargs: dict | None, tokens: int, steps: int) -> dict
     from meshdit.testing.rank_pool import mesh_for
 
     torch.set_num_threads(1)
-    if "pipefusion_parallel_degree" in degrees:
-        degrees = dict(degrees, warmup_steps=steps)
     config = ParallelConfig(**degrees)
     pipe = flux_pipeline(FULL)  # fresh: FP8 weights and PipeFusion change it for good
     engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None,
@@ -47,7 +47,7 @@ def run(degrees: dict, fp8_kwargs: dict | None, tokens: int, steps: int) -> dict
     engine.recipe.guide = recording_guide
     comm_stats.reset()
     try:
-        engine.generate(_request(tokens, 16, steps, cfg=True))
+        engine.generate(replace(_request(tokens, 16, steps, cfg=True), warmup_steps=steps))  # PipeFusion: exact
     finally:
         engine.close()
     # the transformer's traffic: the kinds whose bfloat16 cost is counted (not the VAE's or CFG's)

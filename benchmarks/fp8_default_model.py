@@ -31,10 +31,9 @@ ORDER = [("serial", "none"), ("serial", "all"), ("ulysses 2", "all"), ("ring 2",
 
 
 def main() -> None:
-    from meshdit.config import ParallelConfig
     from default_model import dataset
     from default_model.evaluate import score_image
-    from meshdit.testing.rank_pool import close_all_pools, get_pool
+    from meshdit.testing.rank_pool import close_all_pools, get_pool, split_layout
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, default=None, help="only the first N evaluation prompts")
@@ -55,7 +54,7 @@ def main() -> None:
     try:
         for layout, option in order:
             degrees, fp8 = LAYOUTS[layout], OPTIONS.get(option)
-            world = ParallelConfig(**degrees).world_size
+            world = split_layout(degrees)[0].world_size
             if world == 1:
                 images, seconds = generate_all(degrees, prompts, args.seed, fp8)
             else:

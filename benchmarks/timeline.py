@@ -28,20 +28,22 @@ def timeline_job(method: str, tokens: int, steps: int) -> dict | None:
     warnings.filterwarnings("ignore")
     import torch.distributed as dist
 
-    from meshdit.config import ParallelConfig
+    from dataclasses import replace
+
     from meshdit.distributed.timeline import timeline
     from meshdit.engine import Engine
-    from meshdit.testing.rank_pool import mesh_for
+    from meshdit.testing.rank_pool import mesh_for, split_layout
 
     from .jobs import _request
     from .models import FULL, flux_pipeline
 
     degrees, cfg = METHODS[method]
+    config, settings = split_layout(degrees)
     runs = bool(degrees) or dist.get_rank() == 0
     engine = None
     if runs:  # a fresh pipeline: PipeFusion drops the other stage's blocks
-        engine = Engine(flux_pipeline(FULL), mesh_for(ParallelConfig(**degrees)) if degrees else None)
-    request = _request(tokens, 64, steps, cfg)
+        engine = Engine(flux_pipeline(FULL), mesh_for(config) if degrees else None)
+    request = replace(_request(tokens, 64, steps, cfg), **settings)
     try:
         if engine:
             engine.generate(request)  # warm-up

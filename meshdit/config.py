@@ -50,7 +50,9 @@ PIPEFUSION_WARMUP_COST = (
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Degree of every mesh axis (their product is the world size), and PipeFusion's settings."""
+    """Degree of every mesh axis (their product is the world size), and how the transformer runs (compile).
+
+    PipeFusion's run-time settings (warmup steps, patches) are per generation: GenerateRequest's."""
 
     data_parallel_degree: int = flagged(
         1, flag="data-parallel-degree", type=int, metavar="D",
@@ -69,13 +71,6 @@ class ParallelConfig:
         1, flag="ulysses-degree", type=int, metavar="U",
         help="Ulysses sequence parallelism: all-to-all between sequence and head shards; at most the model's "
              "attention heads (default: 1)")
-    num_pipeline_patch: int | None = flagged(
-        None, flag="num-pipeline-patch", type=int, metavar="M",
-        help="PipeFusion: patches along the image height (default: the PipeFusion degree)")
-    warmup_steps: int = flagged(
-        1, flag="warmup-steps", type=int, metavar="K",
-        help=f"PipeFusion: leading steps run on the whole image without stale K/V (default: 1; "
-             f"{PIPEFUSION_WARMUP_COST})")
     compile: str | None = flagged(
         None, flag="compile", aliases=("use-torch-compile", "use_torch_compile"), nargs="?", const="inductor",
         choices=COMPILE_BACKENDS, metavar="BACKEND",
@@ -98,10 +93,6 @@ class ParallelConfig:
         }
 
     @property
-    def patches(self) -> int:
-        return self.num_pipeline_patch or self.pipefusion_parallel_degree
-
-    @property
     def sp_degree(self) -> int:
         return self.ring_degree * self.ulysses_degree
 
@@ -114,10 +105,9 @@ class ParallelConfig:
         """Checks that need no model: positive degrees, supported axes, world size."""
         if self.compile is not None and (not isinstance(self.compile, str) or not self.compile):
             raise ConfigError(f"--compile takes a torch.compile backend name such as 'inductor', got {self.compile!r}.")
-        for f, spec in flag_specs(type(self)):  # the whole-number fields: degrees, patches, warmup steps
+        for f, spec in flag_specs(type(self)):  # the degrees
             value = getattr(self, f.name)
-            whole_number = spec.argparse.get("type") is int or f.name == "cfg_degree"
-            if not whole_number or (value is None and f.name == "num_pipeline_patch"):
+            if not (spec.argparse.get("type") is int or f.name == "cfg_degree"):
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 # --use-cfg-parallel is a switch: its message names the degree
@@ -181,12 +171,23 @@ class GenerateRequest:
              "layout (default: 0)")
     num_images_per_prompt: int = flagged(
         1, flag="num-images-per-prompt", type=int, metavar="K", help="images per prompt, >= 1 (default: 1)")
+    warmup_steps: int = flagged(
+        1, flag="warmup-steps", type=int, metavar="K",
+        help=f"PipeFusion: leading steps run on the whole image without stale K/V (default: 1; "
+             f"{PIPEFUSION_WARMUP_COST})")
+    num_pipeline_patch: int | None = flagged(
+        None, flag="num-pipeline-patch", type=int, metavar="M",
+        help="PipeFusion: patches along the image height (default: the PipeFusion degree)")
     extra: dict = field(default_factory=dict)
     """Extra keyword arguments for the pipeline family's recipe (e.g. max_sequence_length)."""
 
     @property
     def prompts(self) -> list[str]:
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+    def patches(self, config: ParallelConfig) -> int:
+        """PipeFusion's patches on this layout: --num-pipeline-patch, else one per stage."""
+        return self.num_pipeline_patch or config.pipefusion_parallel_degree
 
     def with_defaults(self, defaults: RequestDefaults) -> "GenerateRequest":
         """A copy with every unset value taken from `defaults`."""
@@ -218,6 +219,9 @@ class GenerateRequest:
                               "NaN image or silently turn guidance off): use e.g. --guidance-scale 3.5.")
         _check_int("--max-sequence-length", self.extra.get("max_sequence_length"), 1, None,
                    "e.g. --max-sequence-length 256")
+        for flag, value in (("--warmup-steps", self.warmup_steps), ("--num-pipeline-patch", self.num_pipeline_patch)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}: use {flag} 1 or more.")
 
 
 def _check_int(flag: str, value, low: int, high: int | None, hint: str, allow_none: bool = True) -> None:

@@ -78,13 +78,15 @@ class Engine:
     @torch.inference_mode()
     def generate_many(self, requests: list[GenerateRequest], output_type: str = "np", show_progress: bool = False,
                       on_step=None) -> list[GenerateResult]:
-        """Requests with the same size, steps and guidance run as one batch (split over dp); each request's
+        """Requests with the same size, steps, guidance and PipeFusion settings run as one batch (split over dp); each request's
         images are its own seed's, as if it ran alone. One result per request."""
         if self._parallel is None:
             raise RuntimeError("this Engine was closed; make a new one to generate")
         requests = [self.resolve(r) for r in requests]
         # The data-parallel split needs enough images in the whole batch, not in each request.
         total = sum(len(r.prompts) * r.num_images_per_prompt for r in requests)
+        if len({(r.warmup_steps, r.patches(self.mesh.config)) for r in requests}) > 1:
+            raise ConfigError("requests in one batch must share PipeFusion's --warmup-steps and --num-pipeline-patch")
         if len(requests) > 1 and self.info.draws_noise_each_step:
             raise ConfigError(f"this model's {self.info.scheduler_class} draws noise from each request's generator in "
                               "every step, so requests cannot share a batch: generate them one at a time")
@@ -97,7 +99,7 @@ class Engine:
         counts = [s.batch_size for s in states]
         state = parallel.share(self.recipe, concat_states(self.recipe, states))
         seconds["prepare"] = time.perf_counter() - start
-        latents = parallel.denoise(self.recipe, state, show_progress,
+        latents = parallel.denoise(self.recipe, state, requests[0], show_progress,
                                    parallel.agreed(on_step, self.mesh.device))
         seconds["denoise"] = time.perf_counter() - start - seconds["prepare"]
         # [B, 3, H, W] in [-1, 1] on every rank of the image group; decode_latents runs only where the VAE does

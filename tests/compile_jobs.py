@@ -2,10 +2,9 @@
 import numpy as np
 import torch
 
-from meshdit.config import ParallelConfig
 from meshdit.engine import Engine
 from meshdit.parallel.compile import blocks_of
-from meshdit.testing.rank_pool import mesh_for
+from meshdit.testing.rank_pool import mesh_for, split_layout
 from meshdit.testing.tiny_models import tiny_pipeline
 from tests.sp_jobs import request
 
@@ -40,14 +39,14 @@ def _image(name: str, degrees: dict, steps: int, backend: str | None):
     (PipeFusion drops other stages' blocks)."""
     pipe = tiny_pipeline(name)
     pipe.set_progress_bar_config(disable=True)
-    config = ParallelConfig(**degrees, compile=backend)
+    config, settings = split_layout(dict(degrees, compile=backend))
     engine = Engine(pipe, mesh_for(config))
     calls = [0]
     hooks = [b.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
              for b in blocks_of(pipe.transformer, engine.info.family.plan().stages)]
     _Graphs.compiled = _Graphs.runs = 0
     try:
-        image = engine.generate(request(name, 36, 44, steps=steps)).images
+        image = engine.generate(request(name, 36, 44, steps=steps, **settings)).images
     finally:
         for hook in hooks:
             hook.remove()

@@ -1,10 +1,10 @@
 """Jobs the sequence-parallel tests run on every rank of the pool (module-level: they are pickled)."""
 import torch
 
-from meshdit.config import GenerateRequest, ParallelConfig
+from meshdit.config import GenerateRequest
 from meshdit.engine import Engine
 from meshdit.denoising.recipe import COND
-from meshdit.testing.rank_pool import mesh_for
+from meshdit.testing.rank_pool import mesh_for, split_layout
 from meshdit.models.registry import family_for_pipeline
 from meshdit.testing.tiny_models import scaled_size, tiny_flux_pipeline, tiny_pipeline
 
@@ -20,7 +20,7 @@ def pipeline(name: str):
 
 
 def request(name: str, height: int, width: int, seed: int = 3, steps: int = 2, prompts=None,
-            per_prompt: int = 1) -> GenerateRequest:
+            per_prompt: int = 1, **settings) -> GenerateRequest:
     """height and width as written for 4-pixel tokens (scaled_size: the same token grid for every family)."""
     prompts = prompts or ["a red cat on a blue square"]
     height, width = scaled_size(name, height, width)
@@ -29,7 +29,7 @@ def request(name: str, height: int, width: int, seed: int = 3, steps: int = 2, p
         extra["prompt_embeds"] = torch.randn(len(prompts), 5, 32, generator=torch.Generator().manual_seed(7))
     guidance = 3.0 if name.startswith("flux") and not name.startswith("flux2") else None  # true CFG for Flux
     return GenerateRequest(prompt=prompts, height=height, width=width, num_inference_steps=steps, seed=seed,
-                           guidance_scale=guidance, num_images_per_prompt=per_prompt, extra=extra)
+                           guidance_scale=guidance, num_images_per_prompt=per_prompt, extra=extra, **settings)
 
 
 def _fixed_text_length(name: str) -> bool:
@@ -48,11 +48,11 @@ def generate_layout(name: str, degrees: dict, height: int, width: int, seed: int
     from meshdit.vae import VaeDecodeSettings
 
     pipe = pipeline(name)
-    config = ParallelConfig(**degrees)
+    config, settings = split_layout(degrees)
     mesh = mesh_for(config) if config.world_size > 1 else None
     engine = Engine(pipe, mesh, VaeDecodeSettings(**(vae or {})))
     try:
-        req = request(name, height, width, seed, prompts=prompts, per_prompt=per_prompt)
+        req = request(name, height, width, seed, prompts=prompts, per_prompt=per_prompt, **settings)
         with torch.inference_mode():
             state = engine.recipe.prepare(req, torch.Generator().manual_seed(seed), torch.device("cpu"))
             inputs = engine.recipe.model_inputs(state, state.latents, state.timesteps[0], COND)
@@ -70,10 +70,10 @@ def generate_fresh(name: str, degrees: dict, height: int, width: int, seed: int 
     """
     pipe = tiny_flux_pipeline(heads=6) if name == "flux-6heads" else tiny_pipeline(name)
     pipe.set_progress_bar_config(disable=True)
-    config = ParallelConfig(**degrees)
+    config, settings = split_layout(degrees)
     engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None)
     try:
-        image = engine.generate(request(name, height, width, seed, steps=steps, prompts=prompts)).images
+        image = engine.generate(request(name, height, width, seed, steps=steps, prompts=prompts, **settings)).images
     finally:
         engine.close()
     block_bytes = other_bytes = 0
@@ -92,7 +92,7 @@ def engine_refusal(degrees: dict):
 
     pipe = tiny_flux_pipeline(double=1, single=0)  # one block: PipeFusion 2 has no block for its second stage
     try:
-        Engine(pipe, mesh_for(ParallelConfig(**degrees))).close()
+        Engine(pipe, mesh_for(split_layout(degrees)[0])).close()
         error = None
     except ConfigError as exc:
         error = (type(exc).__name__, str(exc))
@@ -106,7 +106,7 @@ def sdpa_after_close(degrees: dict):
 
     from meshdit.parallel.sequence import _ORIGINAL_SDPA
 
-    config = ParallelConfig(**degrees)
+    config = split_layout(degrees)[0]
     first = Engine(pipeline("flux"), mesh_for(config))
     second = Engine(tiny_pipeline("flux"), mesh_for(config))
     first.close()

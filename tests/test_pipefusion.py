@@ -2,10 +2,11 @@
 import numpy as np
 import pytest
 
-from meshdit.config import ParallelConfig
+from meshdit.config import GenerateRequest
 from meshdit.errors import ConfigError, RankFailedError
 from meshdit.models.info import ModelInfo
 from meshdit.parallel.pipefusion import balanced_stages
+from meshdit.testing.rank_pool import split_layout
 from meshdit.testing.tiny_models import tiny_pipeline
 from tests import sp_jobs
 
@@ -32,7 +33,7 @@ def psnr(a, b):
 
 
 def run(run_ranks, name, **degrees):
-    world = ParallelConfig(**{k: v for k, v in degrees.items() if k.endswith("degree")}).world_size
+    world = split_layout(degrees)[0].world_size
     return run_ranks(world, sp_jobs.generate_fresh, name, degrees, *SIZE, steps=STEPS)
 
 
@@ -55,7 +56,7 @@ def test_hybrids_with_full_warmup_equal_serial(run_ranks, name, other):
     prompts = ["a red cat", "a blue dog"] if "data_parallel_degree" in other else None
     ref = sp_jobs.generate_fresh(name, {}, *SIZE, steps=STEPS, prompts=prompts)[0]
     degrees = dict(pipefusion_parallel_degree=2, warmup_steps=STEPS, **other)
-    world = ParallelConfig(**{k: v for k, v in degrees.items() if k.endswith("degree")}).world_size
+    world = split_layout(degrees)[0].world_size
     results = run_ranks(world, sp_jobs.generate_fresh, name, degrees, *SIZE, steps=STEPS, prompts=prompts)
     for rank, (image, _, _) in enumerate(results):
         assert image.shape == ref.shape
@@ -116,8 +117,9 @@ def test_balanced_stages_by_weight():
 ], ids=["stages-above-blocks", "patches-above-rows"])
 def test_bad_pipefusion_layouts_refused(degrees, size, message):
     info = ModelInfo.from_pipeline(tiny_pipeline("pixart-sigma"))
+    config, settings = split_layout(degrees)
     with pytest.raises(ConfigError, match=message):
-        info.check(ParallelConfig(**degrees), *size)
+        info.check_request(config, GenerateRequest(prompt="a cat", height=size[0], width=size[1], **settings))
 
 
 def test_pipefusion_with_ulysses_and_ring_full_warmup_equals_serial(run_ranks):

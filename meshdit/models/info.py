@@ -102,7 +102,7 @@ class ModelInfo:
             raise ConfigError(f"--max-sequence-length {tokens} exceeds what this {self.pipeline_class}'s text encoder "
                               f"takes ({limit} tokens): use --max-sequence-length <= {limit}.")
         self.check(config, request.height, request.width, request.guidance_scale,
-                   num_images or len(request.prompts) * request.num_images_per_prompt)
+                   num_images or len(request.prompts) * request.num_images_per_prompt, request.patches(config))
 
     def runs_cfg(self, guidance_scale: float | None) -> bool:
         """Whether a generation runs two guidance branches (cond and uncond) per step."""
@@ -112,7 +112,7 @@ class ModelInfo:
         return scale > 1
 
     def check(self, config: ParallelConfig, height: int, width: int, guidance_scale: float | None = None,
-              num_images: int = 1) -> None:
+              num_images: int = 1, patches: int | None = None) -> None:
         """Refuses a layout, resolution or request this model cannot run, saying what to change."""
         if config.cfg_degree > 1 and not self.runs_cfg(guidance_scale):
             if self.family.is_guidance_distilled(self.transformer_config):
@@ -148,7 +148,8 @@ class ModelInfo:
             raise ConfigError(
                 f"{height}x{width} gives {tokens} image tokens, fewer than the {config.sp_degree} sequence-parallel "
                 "ranks: raise the resolution or lower --ulysses-degree / --ring-degree.")
-        self._check_pipefusion(config, height // multiple, width // multiple)
+        self._check_pipefusion(config, patches or config.pipefusion_parallel_degree, height // multiple,
+                               width // multiple)
         max_patches = self.transformer_config.get("pos_embed_max_size")
         if max_patches and max(height, width) // multiple > max_patches:
             raise ConfigError(
@@ -167,16 +168,16 @@ class ModelInfo:
             raise ConfigError(f"PipeFusion degree {config.pipefusion_parallel_degree} needs a block per stage, but "
                               f"the model has {blocks} blocks: use --pipefusion-parallel-degree <= {blocks}.")
 
-    def _check_pipefusion(self, config: ParallelConfig, token_rows: int, token_cols: int) -> None:
+    def _check_pipefusion(self, config: ParallelConfig, patches: int, token_rows: int, token_cols: int) -> None:
         if config.pipefusion_parallel_degree == 1:
             return
-        if config.patches > token_rows:
+        if patches > token_rows:
             raise ConfigError(
-                f"--num-pipeline-patch {config.patches} exceeds the {token_rows} rows of image tokens at this height: "
+                f"--num-pipeline-patch {patches} exceeds the {token_rows} rows of image tokens at this height: "
                 f"use at most {token_rows} patches, or a larger --height.")
-        if token_rows // config.patches * token_cols < config.sp_degree:
+        if token_rows // patches * token_cols < config.sp_degree:
             raise ConfigError(
-                f"the smallest of {config.patches} patches has fewer image tokens than the {config.sp_degree} "
+                f"the smallest of {patches} patches has fewer image tokens than the {config.sp_degree} "
                 "sequence-parallel ranks: use fewer --num-pipeline-patch or a larger image.")
 
 

@@ -30,14 +30,14 @@ class Parallelized:
     def share(self, recipe, state):
         return data.share(recipe, state, self.mesh)
 
-    def denoise(self, recipe, state, show_progress: bool = False, on_step=None) -> torch.Tensor:
-        """The final latents of this rank's share. NOTE: every rank of the mesh calls it with its share."""
+    def denoise(self, recipe, state, request, show_progress: bool = False, on_step=None) -> torch.Tensor:
+        """The final latents of this rank's share. NOTE: every rank of the mesh calls it with its share.
+        `request` gives PipeFusion's run-time settings (warmup steps, patches)."""
         cfg_group = self.mesh.group("cfg")
         if self.pipefusion is None:
             return denoise(recipe, state, cfg_group, show_progress, on_step)
-        config = self.mesh.config
         return pipefusion_denoise(recipe, state, self.pipefusion, self.sequence_state, cfg_group,
-                                  config.warmup_steps, config.patches, show_progress, on_step)
+                                  request.warmup_steps, request.patches(self.mesh.config), show_progress, on_step)
 
     def decode(self, vae, vae_input, settings, device) -> torch.Tensor:
         """The decoded images [B, 3, H, W] on every rank of the image group (ranks that share the same images).

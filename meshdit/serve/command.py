@@ -5,13 +5,15 @@ import argparse
 import os
 import socket
 
-from ..config import ParallelConfig
+from ..config import GenerateRequest, ParallelConfig
 from ..errors import ConfigError
 from ..flag_spec import flag_specs
 from ..vae.settings import VaeDecodeSettings
 
-# generate's flags that serve shares: model, every layout and VAE flag, and the request defaults
-SHARED = ("model", "dtype", "verbose", "height", "width", "steps", "guidance_scale", "max_sequence_length") + tuple(
+# generate's flags that serve shares: model, every layout and VAE flag, and the request defaults (PipeFusion's
+# warmup steps and patches are server-wide: every request gets them)
+SHARED = ("model", "dtype", "verbose", "height", "width", "steps", "guidance_scale", "max_sequence_length",
+          "warmup_steps", "num_pipeline_patch") + tuple(
     spec.dest for settings in (ParallelConfig, VaeDecodeSettings) for _, spec in flag_specs(settings))
 
 
@@ -49,7 +51,11 @@ def serve_command(args) -> int:
 
     info = ModelInfo.from_pretrained(model)
     height, width = args.height or info.default_size, args.width or info.default_size
-    info.check(config, height, width, args.guidance_scale, max(config.data_parallel_degree, 1))
+    pipefusion = dict(warmup_steps=args.warmup_steps, num_pipeline_patch=args.num_pipeline_patch)
+    every_request = GenerateRequest(prompt="-", **pipefusion)  # what the server gives each request
+    every_request.validate()
+    info.check(config, height, width, args.guidance_scale, max(config.data_parallel_degree, 1),
+               every_request.patches(config))
     _check_port(args.host, args.port)
     from ..distributed.launch import check_torchrun_world
 
@@ -62,7 +68,7 @@ def serve_command(args) -> int:
         port=args.port, api_key=args.api_key or os.environ.get("MESHDIT_API_KEY") or None,
         max_queue=args.max_queue, batching=not args.no_batching, max_batch_images=args.max_batch_images,
         max_images=args.max_images, request_timeout=args.request_timeout, queue_timeout=args.queue_timeout,
-        dtype=args.dtype, vae=vae, verbose=args.verbose)
+        dtype=args.dtype, vae=vae, verbose=args.verbose, **pipefusion)
     from .launch import serve_ranks
 
     return serve_ranks(settings)

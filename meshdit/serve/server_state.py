@@ -27,6 +27,8 @@ class ServeSettings:
     steps: int | None  # None: the family's default
     guidance_scale: float | None
     max_sequence_length: int | None
+    warmup_steps: int = 1  # PipeFusion's, for every request
+    num_pipeline_patch: int | None = None
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
@@ -99,19 +101,20 @@ class ServerState:
         if body.negative_prompt is not None and not self.info.runs_cfg(scale):
             raise BadRequest("negative_prompt", "negative_prompt is unused by this model at this guidance_scale "
                                                 "(no classifier-free guidance): remove it")
+        extra = {} if s.max_sequence_length is None else {"max_sequence_length": s.max_sequence_length}
+        steps = body.steps or s.steps
+        request = GenerateRequest(prompt=body.prompt, negative_prompt=body.negative_prompt, height=height,
+                                  width=width, num_inference_steps=steps, guidance_scale=scale, seed=body.seed,
+                                  num_images_per_prompt=body.n, warmup_steps=s.warmup_steps,
+                                  num_pipeline_patch=s.num_pipeline_patch, extra=extra)
         try:
-            self.info.check(s.config, height, width, scale, body.n)
+            self.info.check(s.config, height, width, scale, body.n, request.patches(s.config))
         except ConfigError as exc:
             param = "guidance_scale" if "CFG" in str(exc) else "size"
             raise BadRequest(param, f"{param}: {exc}") from None
         self._check_prompt_length("prompt", body.prompt)
         if body.negative_prompt:
             self._check_prompt_length("negative_prompt", body.negative_prompt)
-        extra = {} if s.max_sequence_length is None else {"max_sequence_length": s.max_sequence_length}
-        steps = body.steps or s.steps
-        request = GenerateRequest(prompt=body.prompt, negative_prompt=body.negative_prompt, height=height,
-                                  width=width, num_inference_steps=steps, guidance_scale=scale, seed=body.seed,
-                                  num_images_per_prompt=body.n, extra=extra)
         key = (height, width, steps, scale, body.negative_prompt is None)
         if self.info.draws_noise_each_step:  # each request keeps its own generator: it never shares a batch
             key += (id(request),)

@@ -147,3 +147,16 @@ def mesh_for(config, device=None):
     else:
         _MESHES[key].config = config
     return _MESHES[key]
+
+
+PER_REQUEST = ("warmup_steps", "num_pipeline_patch")
+"""Layout dicts of the tests and benchmarks may name PipeFusion's run-time settings beside the degrees."""
+
+
+def split_layout(layout: dict):
+    """A layout dict, e.g. dict(pipefusion_parallel_degree=2, warmup_steps=1) -> (ParallelConfig, the
+    GenerateRequest fields it names)."""
+    from ..config import ParallelConfig
+
+    per_request = {k: v for k, v in layout.items() if k in PER_REQUEST}
+    return ParallelConfig(**{k: v for k, v in layout.items() if k not in PER_REQUEST}), per_request

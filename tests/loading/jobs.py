@@ -7,22 +7,23 @@ from meshdit.errors import ConfigError
 from meshdit.loading import LoadOptions
 from meshdit.loading.skeleton import param_bytes
 from meshdit.loading.entry import load_pipeline
-from meshdit.testing.rank_pool import mesh_for
+from meshdit.testing.rank_pool import mesh_for, split_layout
 
 SIZE = (36, 44)
 STEPS = 2
 
 
-def request() -> GenerateRequest:
+def request(**settings) -> GenerateRequest:
+    """settings: PipeFusion's per-request fields a layout dict names (split_layout)."""
     return GenerateRequest(prompt=["a red cat on a blue square"], height=SIZE[0], width=SIZE[1],
                            num_inference_steps=STEPS, seed=3, guidance_scale=3.0,
-                           extra={"max_sequence_length": 6})
+                           extra={"max_sequence_length": 6}, **settings)
 
 
-def _image(pipe, mesh):
+def _image(pipe, mesh, **settings):
     engine = Engine(pipe, mesh)
     try:
-        return engine.generate(request()).images
+        return engine.generate(request(**settings)).images
     finally:
         engine.close()
 
@@ -32,7 +33,8 @@ def efficient_vs_plain(folder: str, degrees: dict, transport: str, dtype_name: s
     from diffusers import DiffusionPipeline
 
     dtype = getattr(torch, dtype_name)
-    mesh = mesh_for(ParallelConfig(**degrees))
+    config, settings = split_layout(degrees)
+    mesh = mesh_for(config)
     lean = load_pipeline(folder, mesh.device, dtype, mesh, LoadOptions(transport=transport))
     plain = DiffusionPipeline.from_pretrained(folder, dtype=dtype)
     plain.set_progress_bar_config(disable=True)
@@ -41,13 +43,13 @@ def efficient_vs_plain(folder: str, degrees: dict, transport: str, dtype_name: s
     differing = [n for n, t in reference.items()
                  if loaded[n].dtype != t.dtype or loaded[n].shape != t.shape or not torch.equal(loaded[n], t)]
     differing += [n for n in loaded if n not in reference]
-    diff = float(abs(_image(lean, mesh) - _image(plain, mesh)).max())
+    diff = float(abs(_image(lean, mesh, **settings) - _image(plain, mesh, **settings)).max())
     return differing, diff, lean.load_report.tensors
 
 
 def load_error(folder: str, degrees: dict, transport: str) -> str:
     """The ConfigError every rank raises for a bad checkpoint (or "" if it loads)."""
-    mesh = mesh_for(ParallelConfig(**degrees))
+    mesh = mesh_for(split_layout(degrees)[0])
     try:
         load_pipeline(folder, mesh.device, torch.float32, mesh, LoadOptions(transport=transport))
     except ConfigError as exc:
@@ -61,11 +63,10 @@ def pipefusion_stage_bytes(folder: str, stages: int, transport: str):
     from meshdit.loading.stages import stage_keep
     from meshdit.models.flux import PLAN
 
-    config = ParallelConfig(pipefusion_parallel_degree=stages, warmup_steps=STEPS, num_pipeline_patch=3)
-    mesh = mesh_for(config)
+    mesh = mesh_for(ParallelConfig(pipefusion_parallel_degree=stages))
     pipe = load_pipeline(folder, mesh.device, torch.float32, mesh, LoadOptions(transport=transport))
     after_load = pipe.load_report.param_bytes
-    image = _image(pipe, mesh)
+    image = _image(pipe, mesh, warmup_steps=STEPS, num_pipeline_patch=3)
     peak = max(after_load, param_bytes(pipe.transformer))
     # The bound from a skeleton: the stage's own blocks plus every non-block parameter.
     skeleton = build_skeleton(folder, "transformer")
@@ -79,12 +80,12 @@ def warm(degrees: dict) -> None:
     """Imports diffusers and builds the mesh, so a timed job measures only itself."""
     import diffusers  # noqa: F401
 
-    mesh_for(ParallelConfig(**degrees))
+    mesh_for(split_layout(degrees)[0])
 
 
 def text_encoder_params_and_image(folder: str, degrees: dict):
     """(text-encoder parameters this rank holds, image) after an efficient load over `degrees`."""
-    mesh = mesh_for(ParallelConfig(**degrees))
+    mesh = mesh_for(split_layout(degrees)[0])
     pipe = load_pipeline(folder, mesh.device, torch.float32, mesh, LoadOptions())
     held = sum(p.numel() for name, c in pipe.components.items()
                if name.startswith("text_encoder") and c is not None for p in c.parameters())
@@ -103,7 +104,7 @@ def vae_bytes_and_image(folder: str, degrees: dict, parallel_vae: bool):
     """(VAE parameter bytes this rank holds, image) from Engine.from_pretrained over `degrees`."""
     from meshdit.vae import VaeDecodeSettings
 
-    mesh = mesh_for(ParallelConfig(**degrees))
+    mesh = mesh_for(split_layout(degrees)[0])
     engine = Engine.from_pretrained(folder, mesh, torch.float32, VaeDecodeSettings(parallel=parallel_vae))
     try:
         return param_bytes(engine.pipe.vae), engine.generate(request()).images
@@ -136,19 +137,20 @@ def fp8_while_loading(folder: str, degrees: dict):
     from meshdit.quant.settings import Fp8Config
 
     fp8 = Fp8Config(gemm=True)
-    mesh = mesh_for(ParallelConfig(**degrees))
+    config, settings = split_layout(degrees)
+    mesh = mesh_for(config)
     lean = Engine.from_pretrained(folder, mesh, torch.float32, fp8=fp8)
     blocks = [m for name, m in lean.pipe.transformer.named_modules() if "blocks." in name]
     fp8_layers = sum(isinstance(m, Fp8Linear) for m in blocks)
     linears = sum(isinstance(m, torch.nn.Linear) for m in blocks)
     try:
-        image = lean.generate(request()).images
+        image = lean.generate(request(**settings)).images
     finally:
         lean.close()
     plain = Engine(load_pipeline(folder, mesh.device, torch.float32, mesh, LoadOptions(memory_efficient=False)),
                    mesh, fp8=fp8)
     try:
-        reference = plain.generate(request()).images
+        reference = plain.generate(request(**settings)).images
     finally:
         plain.close()
     return fp8_layers, linears, float(abs(image - reference).max())

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import torch
 
-from meshdit.config import ParallelConfig
 from meshdit.distributed.comm import comm_stats
 from meshdit.engine import Engine
 from meshdit.quant.settings import Fp8Config
-from meshdit.testing.rank_pool import mesh_for
+from meshdit.testing.rank_pool import mesh_for, split_layout
 from meshdit.testing.tiny_models import tiny_pipeline
 from meshdit.vae import VaeDecodeSettings
 from tests import sp_jobs
@@ -28,7 +27,7 @@ def run(name: str, degrees: dict, fp8: Fp8Config | None, steps: int = STEPS, siz
     pipe.set_progress_bar_config(disable=True)
     if dtype is not None:
         pipe.to(dtype)
-    config = ParallelConfig(**degrees)
+    config, settings = split_layout(degrees)
     vae = VaeDecodeSettings(parallel=parallel_vae)
     engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None, vae, fp8=fp8)
     if break_scale:  # a bug the error bound must catch: every FP8 weight scale off by 2x
@@ -47,7 +46,7 @@ def run(name: str, degrees: dict, fp8: Fp8Config | None, steps: int = STEPS, siz
     handle = pipe.transformer.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
     try:
         comm_stats.reset()
-        image = engine.generate(sp_jobs.request(name, *size, steps=steps)).images
+        image = engine.generate(sp_jobs.request(name, *size, steps=steps, **settings)).images
         sent, bf16 = dict(comm_stats.bytes_sent), dict(comm_stats.bf16_bytes)
     finally:
         handle.remove()

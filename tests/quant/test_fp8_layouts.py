@@ -46,7 +46,7 @@ def rel_error(results) -> float:
 
 
 def world(degrees) -> int:
-    return jobs.ParallelConfig(**degrees).world_size
+    return jobs.split_layout(degrees)[0].world_size
 
 
 @pytest.mark.parametrize("option", OPTIONS)

@@ -1,21 +1,21 @@
 """Jobs the engine batching and cancellation tests run on every rank of the pool (module-level: pickled)."""
 import torch
 
-from meshdit.config import GenerateRequest, ParallelConfig
+from meshdit.config import GenerateRequest
 from meshdit.engine import Engine
 from meshdit.denoising.loop import GenerationCancelled
-from meshdit.testing.rank_pool import mesh_for
+from meshdit.testing.rank_pool import mesh_for, split_layout
 from meshdit.testing.tiny_models import tiny_pipeline
 from tests.sp_jobs import pipeline
 
 
-def request(seed: int, prompt: str = "a red cat", n: int = 1, steps: int = 3) -> GenerateRequest:
+def request(seed: int, prompt: str = "a red cat", n: int = 1, steps: int = 3, **settings) -> GenerateRequest:
     return GenerateRequest(prompt=prompt, height=32, width=32, num_inference_steps=steps, seed=seed,
-                           guidance_scale=3.0, num_images_per_prompt=n, extra={"max_sequence_length": 6})
+                           guidance_scale=3.0, num_images_per_prompt=n, extra={"max_sequence_length": 6}, **settings)
 
 
 def engine_for(degrees: dict) -> Engine:
-    config = ParallelConfig(**degrees)
+    config = split_layout(degrees)[0]
     # PipeFusion drops the other stages' blocks for good: never do that to the pool's shared cached pipeline
     pipe = tiny_pipeline("flux") if config.pipefusion_parallel_degree > 1 else pipeline("flux")
     pipe.set_progress_bar_config(disable=True)
