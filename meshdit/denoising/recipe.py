@@ -54,6 +54,11 @@ class Recipe:
 
     # -- preparation -------------------------------------------------------
     def prepare(self, request: GenerateRequest, generator: torch.Generator, device: torch.device) -> DenoiseState:
+        """Text embeddings, starting latents and timesteps for `request` (unset values: the model's defaults)."""
+        return self.prepare_settings(self.settings(request), generator, device)
+
+    def prepare_settings(self, r: GenerateRequest, generator: torch.Generator, device: torch.device) -> DenoiseState:
+        """The family's preparation of `r`, a request with every default filled in."""
         raise NotImplementedError
 
     def settings(self, request: GenerateRequest) -> GenerateRequest:

@@ -35,9 +35,8 @@ PLAN = ModelPlan(SEQUENCE_PLAN, StagePlan(blocks=(
 class FluxRecipe(Recipe):
     unbatched_keys = ("txt_ids", "img_ids")  # [S, 3] ids without a batch dim
 
-    def prepare(self, request, generator, device):
+    def prepare_settings(self, r, generator, device):
         pipe = self.pipe
-        r = self.settings(request)
         prompts, n, max_len = r.prompts, r.num_images_per_prompt, r.extra["max_sequence_length"]
         distilled = pipe.transformer.config.guidance_embeds
         embeds, pooled, text_ids = pipe.encode_prompt(

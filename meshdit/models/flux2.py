@@ -18,9 +18,8 @@ PLAN = ModelPlan(SEQUENCE_PLAN, StagePlan(blocks=(
 
 
 class Flux2Recipe(Recipe):
-    def prepare(self, request, generator, device):
+    def prepare_settings(self, r, generator, device):
         pipe = self.pipe
-        r = self.settings(request)
         given = r.extra.get("prompt_embeds")  # [B, S, D], for models loaded without a text encoder
         embeds, text_ids = pipe.encode_prompt(
             prompt=None if given is not None else r.prompts, prompt_embeds=given, device=device,

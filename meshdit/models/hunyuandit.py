@@ -38,9 +38,8 @@ PLAN = ModelPlan(
 class HunyuanDiTRecipe(Recipe):
     batch_branches = True
 
-    def prepare(self, request, generator, device):
+    def prepare_settings(self, r, generator, device):
         pipe = self.pipe
-        r = self.settings(request)
         cfg = r.guidance_scale > 1
         transformer = pipe.transformer
         text = {}

@@ -26,9 +26,8 @@ PLAN = ModelPlan(
 class PixArtRecipe(Recipe):
     batch_branches = True
 
-    def prepare(self, request, generator, device):
+    def prepare_settings(self, r, generator, device):
         pipe = self.pipe
-        r = self.settings(request)
         cfg = r.guidance_scale > 1
         alpha = type(pipe).__name__ == "PixArtAlphaPipeline"
         embeds, mask, n_embeds, n_mask = pipe.encode_prompt(

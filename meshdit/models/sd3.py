@@ -32,9 +32,8 @@ PLAN = ModelPlan(
 class SD3Recipe(Recipe):
     batch_branches = True
 
-    def prepare(self, request, generator, device):
+    def prepare_settings(self, r, generator, device):
         pipe = self.pipe
-        r = self.settings(request)
         cfg = r.guidance_scale > 1
         embeds, n_embeds, pooled, n_pooled = pipe.encode_prompt(
             prompt=r.prompts, prompt_2=None, prompt_3=None, device=device,
