@@ -135,6 +135,10 @@ class RequestDefaults:
     steps: int
     guidance_scale: float
     max_sequence_length: int
+    num_frames: int | None = None
+    """Video models: frames per video (None: an image model, which takes no --num-frames)."""
+    fps: int | None = None
+    """Video models: frames per second the saved video plays at."""
 
 
 @dataclass
@@ -178,6 +182,16 @@ class GenerateRequest:
     num_pipeline_patch: int | None = flagged(
         None, flag="num-pipeline-patch", type=int, metavar="M",
         help="PipeFusion: patches along the image height (default: the PipeFusion degree)")
+    num_frames: int | None = flagged(
+        None, flag="num-frames", type=int, metavar="F",
+        help="video models: frames per video, >= 1; the VAE may need a particular count (Wan: 4k + 1) "
+             "(default: the model family's, e.g. Wan 81)")
+    fps: int | None = flagged(
+        None, flag="fps", type=int, metavar="FPS",
+        help="video models: frames per second of the saved video, >= 1 (default: the model family's, e.g. Wan 16)")
+    image: str | None = flagged(
+        None, flag="image", metavar="PATH",
+        help="image-to-video models: the first frame to animate, an image file (default: none)")
     extra: dict = field(default_factory=dict)
     """Extra keyword arguments for the pipeline family's recipe (e.g. max_sequence_length)."""
 
@@ -198,6 +212,9 @@ class GenerateRequest:
             width=self.width if self.width is not None else defaults.width,
             num_inference_steps=self.num_inference_steps if self.num_inference_steps is not None else defaults.steps,
             guidance_scale=self.guidance_scale if self.guidance_scale is not None else defaults.guidance_scale,
+            # an image model's defaults have no frames: a --num-frames given to it stays, and is refused
+            num_frames=self.num_frames if self.num_frames is not None else defaults.num_frames,
+            fps=self.fps if self.fps is not None else defaults.fps,
             extra=extra)
 
     def validate(self) -> None:
@@ -209,6 +226,8 @@ class GenerateRequest:
         for name in ("height", "width"):
             _check_int(f"--{name}", getattr(self, name), 1, MAX_SIDE,
                        f"image sides are 1..{MAX_SIDE} pixels, e.g. --{name} 1024")
+        _check_int("--num-frames", self.num_frames, 1, None, "e.g. --num-frames 81")
+        _check_int("--fps", self.fps, 1, None, "e.g. --fps 16")
         _check_int("--seed", self.seed, 0, MAX_SEED, f"seeds are 0..2**64-1 ({MAX_SEED})", allow_none=False)
         _check_int("--num-images-per-prompt", self.num_images_per_prompt, 1, None,
                    "each prompt makes at least one image, e.g. --num-images-per-prompt 1", allow_none=False)

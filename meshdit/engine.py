@@ -19,7 +19,8 @@ from .vae import VaeDecodeSettings, decodes_here
 
 @dataclass
 class GenerateResult:
-    images: object  # what the pipeline's image processor returns for output_type: np.ndarray [N, H, W, 3] or PIL
+    images: object  # what the pipeline's processor returns for output_type: np.ndarray [N, H, W, 3] (videos:
+    # [N, F, H, W, 3]) or PIL
     seconds: dict[str, float] = field(default_factory=dict)  # prepare / denoise / decode
 
 
@@ -36,6 +37,7 @@ class Engine:
         self.vae = vae or VaeDecodeSettings()
         self.vae.validate()
         self.info = ModelInfo.from_pipeline(pipe)
+        self.info.check_vae(self.vae)
         self.recipe = self.info.make_recipe(pipe)
         self.info.check_layout(self.mesh.config)  # the CLI's ConfigError, before any hook is installed
         self._parallel = parallelize(pipe, self.info.family.plan(), self.mesh, fp8)
@@ -106,7 +108,7 @@ class Engine:
         image = parallel.decode(self.pipe.vae, lambda: self.recipe.decode_latents(state, latents), self.vae,
                                 self.mesh.device)
         image = parallel.gather(image, sum(counts))  # every rank: all images of the batch
-        images = self.pipe.image_processor.postprocess(image, output_type=output_type)
+        images = self.recipe.postprocess(image, output_type)  # np: [N, H, W, 3], videos [N, F, H, W, 3]
         seconds["decode"] = time.perf_counter() - start - seconds["prepare"] - seconds["denoise"]
         seconds["total"] = time.perf_counter() - start
         offsets = np.cumsum([0] + counts)

@@ -74,13 +74,18 @@ class Recipe:
                 branches: list[str]) -> dict[str, torch.Tensor]:
         """Noise prediction per branch; branches that take batched inputs run as one call."""
         calls = [self.model_inputs(state, latents, t, b) for b in branches]
+        transformer = self.transformer_for(state, t)
         if len(calls) > 1 and self.batch_branches:
             merged = _cat_batch(calls, self.unbatched_keys)
-            out = self.pipe.transformer(**merged, return_dict=False)[0]
+            out = transformer(**merged, return_dict=False)[0]
             preds = dict(zip(branches, out.chunk(len(branches))))
         else:
-            preds = {b: self.pipe.transformer(**kw, return_dict=False)[0] for b, kw in zip(branches, calls)}
+            preds = {b: transformer(**kw, return_dict=False)[0] for b, kw in zip(branches, calls)}
         return {b: self.postprocess_prediction(state, p) for b, p in preds.items()}
+
+    def transformer_for(self, state: DenoiseState, t: torch.Tensor):
+        """The denoiser that runs at timestep t (one, except for pipelines of several experts: Wan 2.2)."""
+        return self.pipe.transformer
 
     batch_branches = False
     """Run cond and uncond as one batched call, as the diffusers pipeline does."""
@@ -132,6 +137,10 @@ class Recipe:
     def decode_latents(self, state: DenoiseState, latents: torch.Tensor) -> torch.Tensor:
         """Final latents -> what the pipeline passes to vae.decode ([B, C, h, w])."""
         raise NotImplementedError
+
+    def postprocess(self, decoded: torch.Tensor, output_type: str):
+        """The VAE's output [B, 3, H, W] in [-1, 1] -> what the pipeline returns (np: [B, H, W, 3] in [0, 1])."""
+        return self.pipe.image_processor.postprocess(decoded, output_type=output_type)
 
 
 def _cat_batch(calls: list[dict], unbatched_keys: tuple[str, ...]) -> dict:

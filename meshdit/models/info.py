@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..config import GenerateRequest, ParallelConfig, RequestDefaults
 from ..errors import ConfigError
@@ -25,6 +25,14 @@ class ModelInfo:
     transformer_config: dict
     vae_scale_factor: int
     scheduler_class: str = ""
+    vae_temporal_factor: int = 1
+    """Video VAEs: frames per latent frame (Wan: 4); 1 for image VAEs."""
+    pipeline_config: dict = field(default_factory=dict)
+    """model_index.json's pipeline settings (e.g. Wan's boundary_ratio, expand_timesteps)."""
+
+    @property
+    def is_video(self) -> bool:
+        return self.family.is_video
 
     @property
     def num_heads(self) -> int:
@@ -37,17 +45,24 @@ class ModelInfo:
         return self.scheduler_class in NOISE_DRAWING_SCHEDULERS
 
     @property
-    def default_size(self) -> int:
-        """The pipeline's default height and width in pixels."""
+    def default_size(self) -> tuple[int, int]:
+        """The pipeline's default (height, width) in pixels."""
+        if self.family.default_pixel_size:
+            return self.family.default_pixel_size
         latent = self.family.default_sample_size or int(self.transformer_config["sample_size"])
-        return latent * self.vae_scale_factor
+        return latent * self.vae_scale_factor, latent * self.vae_scale_factor
 
     @classmethod
     def from_pipeline(cls, pipe) -> "ModelInfo":
         pipeline_class = type(pipe).__name__
         source = getattr(pipe, "name_or_path", None) or "<in memory>"  # the folder it was loaded from, if any
-        return cls(source, pipeline_class, family_for_pipeline(pipeline_class),
-                   dict(pipe.transformer.config), int(pipe.vae_scale_factor), type(pipe.scheduler).__name__)
+        family = family_for_pipeline(pipeline_class)
+        # video pipelines name their factors per axis (Wan: vae_scale_factor_spatial / _temporal)
+        spatial = getattr(pipe, "vae_scale_factor", None) or pipe.vae_scale_factor_spatial
+        temporal = getattr(pipe, "vae_scale_factor_temporal", None) if family.is_video else None
+        return cls(source, pipeline_class, family, dict(pipe.transformer.config), int(spatial),
+                   type(pipe.scheduler).__name__, int(temporal or 1),
+                   {k: v for k, v in pipe.config.items() if not isinstance(v, (list, tuple))})
 
     @classmethod
     def from_pretrained(cls, model: str) -> "ModelInfo":
@@ -59,11 +74,14 @@ class ModelInfo:
                               "pass a folder written by save_pretrained, or restore the file from the model's source.")
         transformer = _read_json(model, "transformer/config.json")
         vae = _read_json(model, "vae/config.json")
-        vae_scale = 2 ** (len(vae.get("block_out_channels", [0] * 4)) - 1)
+        family = family_for_pipeline(pipeline_class)
+        vae_scale = vae.get("scale_factor_spatial") or 2 ** (len(vae.get("block_out_channels", [0] * 4)) - 1)
+        temporal = vae.get(family.vae_temporal_factor_key) if family.is_video else None
         scheduler = index.get("scheduler")  # ["diffusers", "DDPMScheduler"]
         scheduler_class = scheduler[1] if isinstance(scheduler, list) and len(scheduler) == 2 else ""
-        return cls(model, pipeline_class, family_for_pipeline(pipeline_class), transformer, vae_scale,
-                   str(scheduler_class))
+        settings = {k: v for k, v in index.items() if not isinstance(v, list)}  # components are [library, class]
+        return cls(model, pipeline_class, family, transformer, int(vae_scale), str(scheduler_class),
+                   int(temporal or 1), settings)
 
     @property
     def is_bundled_model(self) -> bool:
@@ -79,8 +97,9 @@ class ModelInfo:
             return RequestDefaults(bundled.DEFAULT_HEIGHT, bundled.DEFAULT_WIDTH, bundled.DEFAULT_STEPS,
                                    bundled.DEFAULT_GUIDANCE, bundled.DEFAULT_MAX_SEQUENCE_LENGTH)
         family = self.family
-        return RequestDefaults(self.default_size, self.default_size, family.default_steps, family.default_guidance,
-                               family.max_sequence_length_for(self.pipeline_class))
+        return RequestDefaults(*self.default_size, family.default_steps, family.default_guidance,
+                               family.max_sequence_length_for(self.pipeline_class), family.default_num_frames,
+                               family.default_fps)
 
     def make_recipe(self, pipe):
         """The family's recipe for `pipe`, filling unset request values from this model's defaults."""
@@ -101,8 +120,46 @@ class ModelInfo:
         if limit is not None and tokens > limit:
             raise ConfigError(f"--max-sequence-length {tokens} exceeds what this {self.pipeline_class}'s text encoder "
                               f"takes ({limit} tokens): use --max-sequence-length <= {limit}.")
+        self.check_frames_and_image(request)
         self.check(config, request.height, request.width, request.guidance_scale,
-                   num_images or len(request.prompts) * request.num_images_per_prompt, request.patches(config))
+                   num_images or len(request.prompts) * request.num_images_per_prompt, request.patches(config),
+                   request.num_frames)
+
+    def check_frames_and_image(self, request: GenerateRequest) -> None:
+        """--num-frames, --fps and --image against what the pipeline makes (images, videos, from an image)."""
+        what = self.pipeline_class
+        if not self.is_video:
+            for flag, value in (("--num-frames", request.num_frames), ("--fps", request.fps),
+                                ("--image", request.image)):
+                if value is not None:
+                    raise ConfigError(f"{flag} is for video models, but this {what} makes images: drop {flag}.")
+            return
+        for key, why in self.family.refused_pipeline_config.items():
+            if self.pipeline_config.get(key):
+                raise ConfigError(f"this {what} sets {key} ({why}), which meshdit does not run yet: use a model "
+                                  f"without {key}.")
+        factor = self.vae_temporal_factor
+        frames = request.num_frames
+        if (frames - 1) % factor:
+            lower = max(1, (frames - 1) // factor * factor + 1)
+            raise ConfigError(f"--num-frames {frames} cannot be encoded by this model's VAE, which compresses "
+                              f"{factor} frames into one after the first: use k * {factor} + 1 frames, e.g. "
+                              f"--num-frames {lower} or {lower + factor}.")
+        animates = what in self.family.image_to_video_pipelines
+        if animates and request.image is None:
+            raise ConfigError(f"this {what} animates an image: pass its first frame with --image PATH.")
+        if not animates and request.image is not None:
+            raise ConfigError(f"this {what} makes videos from text alone and takes no image: drop --image "
+                              "(or use the family's image-to-video model).")
+        if request.image is not None and not os.path.isfile(request.image):
+            raise ConfigError(f"--image {request.image!r}: no such file; pass the path of an image file.")
+
+    def check_vae(self, settings) -> None:
+        """Refuses VAE decode settings the model's VAE cannot take yet (parallel or tiled decode of videos)."""
+        if self.is_video and (settings.parallel or settings.tiled):
+            raise ConfigError("--use-parallel-vae and --vae-tile-height / --vae-tile-width are not yet for video "
+                              f"VAEs (this {self.pipeline_class} decodes videos): drop them; the video is decoded "
+                              "on one rank of each image group.")
 
     def runs_cfg(self, guidance_scale: float | None) -> bool:
         """Whether a generation runs two guidance branches (cond and uncond) per step."""
@@ -111,8 +168,15 @@ class ModelInfo:
         scale = self.request_defaults().guidance_scale if guidance_scale is None else guidance_scale
         return scale > 1
 
+    def latent_frames(self, num_frames: int | None) -> int:
+        """Token frames of a video of num_frames frames (1 for an image)."""
+        if not self.is_video or num_frames is None:
+            return 1
+        return ((num_frames - 1) // self.vae_temporal_factor + 1) // self.family.temporal_patch(
+            self.transformer_config)
+
     def check(self, config: ParallelConfig, height: int, width: int, guidance_scale: float | None = None,
-              num_images: int = 1, patches: int | None = None) -> None:
+              num_images: int = 1, patches: int | None = None, num_frames: int | None = None) -> None:
         """Refuses a layout, resolution or request this model cannot run, saying what to change."""
         if config.cfg_degree > 1 and not self.runs_cfg(guidance_scale):
             if self.family.is_guidance_distilled(self.transformer_config):
@@ -143,12 +207,14 @@ class ModelInfo:
                     f"{name} {value} cannot be split into this model's patches: it must be a multiple of "
                     f"{multiple} (VAE factor {self.vae_scale_factor} x patch {multiple // self.vae_scale_factor}); "
                     f"use --{name} {lower} or {lower + multiple}.")
-        tokens = self.family.image_tokens(height, width, self.transformer_config, self.vae_scale_factor)
+        frames = self.latent_frames(num_frames if num_frames is not None else self.request_defaults().num_frames)
+        tokens = frames * self.family.image_tokens(height, width, self.transformer_config, self.vae_scale_factor)
         if tokens < config.sp_degree:
             raise ConfigError(
                 f"{height}x{width} gives {tokens} image tokens, fewer than the {config.sp_degree} sequence-parallel "
                 "ranks: raise the resolution or lower --ulysses-degree / --ring-degree.")
-        self._check_pipefusion(config, patches or config.pipefusion_parallel_degree, height // multiple,
+        # a video's token rows run through every frame (frames x height rows of width tokens; recipe.token_grid)
+        self._check_pipefusion(config, patches or config.pipefusion_parallel_degree, frames * (height // multiple),
                                width // multiple)
         max_patches = self.transformer_config.get("pos_embed_max_size")
         if max_patches and max(height, width) // multiple > max_patches:

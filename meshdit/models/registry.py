@@ -37,6 +37,23 @@ class ModelFamily:
     guidance_distilled: bool | str = False
     """The model embeds the guidance scale and has no negative branch: True for every model of the
     family, or the transformer config key that says so (FLUX.1: guidance_embeds, true for -dev)."""
+    default_pixel_size: tuple[int, int] | None = None
+    """(height, width) in pixels where the pipeline's default is not square (Wan: 480 x 832)."""
+    # -- video families (default_num_frames set) --
+    default_num_frames: int | None = None
+    """Frames per video the pipeline defaults to; None: an image family."""
+    default_fps: int | None = None
+    """Frames per second the pipeline's examples export at (diffusers' export_to_video calls)."""
+    vae_temporal_factor_key: str = "scale_factor_temporal"
+    """The VAE config key holding its temporal compression: frame counts must be k * factor + 1."""
+    image_to_video_pipelines: tuple[str, ...] = ()
+    """Pipelines of the family that animate an --image (the others refuse one)."""
+    refused_pipeline_config: dict[str, str] = field(default_factory=dict)
+    """model_index.json keys that, when true, name a variant the family's plan does not cover -> why."""
+
+    @property
+    def is_video(self) -> bool:
+        return self.default_num_frames is not None
 
     def max_sequence_length_for(self, pipeline_class: str) -> int:
         return self.max_sequence_length_by_pipeline.get(pipeline_class, self.default_max_sequence_length)
@@ -51,8 +68,15 @@ class ModelFamily:
 
     def pixel_multiple(self, transformer_config: dict, vae_scale_factor: int) -> int:
         """Height and width must be multiples of this many pixels."""
-        patch = 2 if self.packed else int(transformer_config.get("patch_size", 1))
-        return vae_scale_factor * patch
+        patch = 2 if self.packed else transformer_config.get("patch_size", 1)
+        if isinstance(patch, (list, tuple)):  # a video patch (t, h, w): the spatial part (h == w in every family)
+            patch = patch[-1]
+        return vae_scale_factor * int(patch)
+
+    def temporal_patch(self, transformer_config: dict) -> int:
+        """Latent frames per token (1 where the patch is 2-D)."""
+        patch = transformer_config.get("patch_size", 1)
+        return int(patch[0]) if isinstance(patch, (list, tuple)) and len(patch) == 3 else 1
 
     def num_blocks(self, transformer_config: dict) -> int:
         """Blocks PipeFusion can cut into stages (double- and single-stream blocks alike)."""
@@ -84,6 +108,12 @@ FAMILIES = (
     ModelFamily("hunyuandit", "HunyuanDiT2DModel", ("HunyuanDiTPipeline",), "meshdit.models.hunyuandit",
                 packed=False, default_steps=50, default_guidance=5.0, default_max_sequence_length=256,
                 max_sequence_length_fixed=True),
+    # Wan 2.1 / 2.2 (a WanPipeline with transformer_2 and boundary_ratio: two experts). UMT5 text goes in through
+    # cross-attention only, so any text length works; defaults are WanPipeline.__call__'s and its examples' fps.
+    ModelFamily("wan", "WanTransformer3DModel", ("WanPipeline",), "meshdit.models.wan", packed=False,
+                default_steps=50, default_guidance=5.0, default_max_sequence_length=512,
+                default_pixel_size=(480, 832), default_num_frames=81, default_fps=16,
+                refused_pipeline_config={"expand_timesteps": "Wan 2.2 TI2V's per-token timesteps"}),
 )
 
 

@@ -55,7 +55,7 @@ class PipeFusion:
         mine = range(starts[self.stage], starts[self.stage] + sizes[self.stage])
         for index, (block_list, i, spec) in enumerate(blocks):
             if index not in mine:  # free the weights of other stages' blocks
-                block_list[i] = SkipBlock(spec, inspect.signature(block_list[i].forward))
+                block_list[i] = _stand_in(block_list[i], spec)
         if self.stage > 0:
             block_list, i, spec = blocks[starts[self.stage]]
             self.handles.append(block_list[i].register_forward_pre_hook(self._receive_hook(spec), with_kwargs=True))
@@ -117,6 +117,17 @@ class PipeFusion:
             for name in spec.carry:
                 self.channel.send(named[name], self.stage + 1)
         return hook
+
+
+def _stand_in(block: nn.Module, spec: BlockList) -> SkipBlock:
+    """The SkipBlock for `block`, keeping the hooks already on it: a sequence plan may split a block's input
+    (Wan splits blocks.0's hidden_states), and every stage must split alike. The hook dicts are shared, so
+    the handles that installed them still remove them."""
+    skip = SkipBlock(spec, inspect.signature(block.forward))
+    for name in ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+                 "_forward_hooks_with_kwargs", "_forward_hooks_always_called"):
+        setattr(skip, name, getattr(block, name))
+    return skip
 
 
 def balanced_stages(weights: list[int], num_stages: int) -> list[int]:

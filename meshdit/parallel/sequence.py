@@ -185,7 +185,9 @@ def _install_sdpa_router() -> _SdpaRouting:
 
 
 def _named_inputs(module, args, kwargs):
-    bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
+    # a PipeFusion stand-in (SkipBlock) states the signature of the block it replaced
+    signature = getattr(module, "signature", None) or inspect.signature(module.forward)
+    bound = signature.bind_partial(*args, **kwargs)
     return dict(bound.arguments)
 
 
@@ -234,6 +236,8 @@ def apply_sequence_parallel(transformer: torch.nn.Module, plan: SequencePlan, me
         module = _find(modules, split.module)
         if split.arg == OUTPUT:
             def split_output(_mod, _args, out, split=split):
+                if isinstance(out, (tuple, list)):  # e.g. Wan's rope returns (cos, sin), each [1, S, 1, D]
+                    return type(out)(state.split(v, split.dim, split.stream) for v in out)
                 return state.split(out, split.dim, split.stream)
             handles.append(module.register_forward_hook(split_output))
         else:

@@ -50,7 +50,10 @@ def serve_command(args) -> int:
     from ..models.info import ModelInfo
 
     info = ModelInfo.from_pretrained(model)
-    height, width = args.height or info.default_size, args.width or info.default_size
+    if info.is_video:
+        raise ConfigError(f"meshdit serve answers image requests; this {info.pipeline_class} makes videos: "
+                          "use `meshdit generate --output clip.mp4` for it.")
+    height, width = args.height or info.default_size[0], args.width or info.default_size[1]
     pipefusion = dict(warmup_steps=args.warmup_steps, num_pipeline_patch=args.num_pipeline_patch)
     every_request = GenerateRequest(prompt="-", **pipefusion)  # what the server gives each request
     every_request.validate()

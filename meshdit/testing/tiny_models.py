@@ -173,7 +173,46 @@ def tiny_hunyuandit_pipeline(seed: int = 0, layers: int = 2, stochastic: bool = 
     )
 
 
-TEST_SCALE = {"hunyuandit": 4, "hunyuandit-4blocks": 4}
+def umt5_text_model(d_model: int = 32):
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    cfg = UMT5Config(vocab_size=80, d_model=d_model, d_ff=2 * d_model, d_kv=8, num_layers=2, num_heads=4,
+                     relative_attention_num_buckets=8)
+    return UMT5EncoderModel(cfg).eval()
+
+
+def tiny_wan_vae():
+    """AutoencoderKLWan as diffusers' Wan tests build it: spatial factor 8, temporal factor 4."""
+    from diffusers import AutoencoderKLWan
+
+    return AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                            temperal_downsample=[False, True, True]).eval()
+
+
+def tiny_wan_transformer(layers: int = 2):
+    from diffusers import WanTransformer3DModel
+
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=12, in_channels=16, out_channels=16,
+        text_dim=32, freq_dim=32, ffn_dim=32, num_layers=layers, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
+    ).eval()
+
+
+def tiny_wan_pipeline(seed: int = 0, layers: int = 2, two_experts: bool = False):
+    """Wan 2.1 text-to-video, or (two_experts) Wan 2.2's pair: transformer for t >= 0.5 x 1000, transformer_2
+    below. Tokens are 16 pixels wide (VAE 8 x patch 2) and 4 frames deep (+1 for the first frame)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
+
+    torch.manual_seed(seed)
+    transformer = tiny_wan_transformer(layers)
+    transformer_2 = tiny_wan_transformer(layers) if two_experts else None
+    return WanPipeline(tokenizer=t5_tokenizer(), text_encoder=umt5_text_model(32), vae=tiny_wan_vae(),
+                       scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), transformer=transformer,
+                       transformer_2=transformer_2, boundary_ratio=0.5 if two_experts else None)
+
+
+TEST_SCALE = {"hunyuandit": 4, "hunyuandit-4blocks": 4, "wan": 4, "wan-4blocks": 4, "wan22": 4}
 """Tests write sizes for 4-pixel tokens (VAE 2 x patch 2); a pipeline with larger tokens multiplies them
 (HunyuanDiT: VAE 8 x patch 2), so every family sees the same token grids."""
 
@@ -191,6 +230,8 @@ BUILDERS = {
     "pixart-sigma": tiny_pixart_pipeline,
     "pixart-alpha": lambda seed=0: tiny_pixart_pipeline(seed, "alpha"),
     "hunyuandit": tiny_hunyuandit_pipeline,
+    "wan": tiny_wan_pipeline,
+    "wan22": lambda seed=0: tiny_wan_pipeline(seed, two_experts=True),
     # four blocks, for four pipeline stages
     "flux-4blocks": lambda seed=0: tiny_flux_pipeline(seed, double=2, single=2),
     "flux2-4blocks": lambda seed=0: tiny_flux2_pipeline(seed, double=2, single=2),
@@ -199,6 +240,7 @@ BUILDERS = {
     "pixart-sigma-4blocks": lambda seed=0: tiny_pixart_pipeline(seed, layers=4),
     # DDIM: after PipeFusion's warmup each patch steps alone, and DDPM would draw other noise for it
     "hunyuandit-4blocks": lambda seed=0: tiny_hunyuandit_pipeline(seed, layers=4, stochastic=False),
+    "wan-4blocks": lambda seed=0: tiny_wan_pipeline(seed, layers=4),
     # hidden 256 (4 heads x 64): Linear layers wide enough that FP8 scales and biases are a small overhead
     "flux-wide": lambda seed=0: tiny_flux_pipeline(seed, head_dim=64),
 }

@@ -1,0 +1,44 @@
+"""What every video family shares: latents [B, C, F, h, w], the token grid over frames, video output.
+
+A video DiT patchifies its latents into an F' x H' x W' grid of tokens, flattened frame-major (Wan,
+HunyuanVideo, CogVideoX 1.5, LTX all do). Sequence parallelism splits that flat sequence wherever it falls
+(uneven shards; no divisibility asked of frames). PipeFusion cuts it into patches of whole token rows:
+the rows of every frame, one after another (F' x H' rows of W' tokens), so a patch may run across a frame
+boundary and is still one contiguous run of tokens and one slice of the latents.
+"""
+from __future__ import annotations
+
+import torch
+
+from .recipe import DenoiseState, Recipe
+
+
+class VideoRecipe(Recipe):
+    """Base of video families' recipes: subclasses fill in prepare / model_inputs / decode_latents."""
+
+    def patch_size(self) -> tuple[int, int, int]:
+        """(frames, height, width) latent cells per token."""
+        p = self.pipe.transformer.config.patch_size
+        return (1, p, p) if isinstance(p, int) else tuple(p)
+
+    def token_grid(self, state: DenoiseState) -> tuple[int, int]:
+        """Token rows of every frame, in order (frames x height), and tokens per row (width)."""
+        pt, ph, pw = self.patch_size()
+        if pt != 1:  # a token row would then take latent rows of several frames: no single slice
+            raise NotImplementedError("PipeFusion patches need a temporal patch of 1")
+        _, _, frames, height, width = state.latents.shape
+        return frames * (height // ph), width // pw
+
+    def patch_view(self, state: DenoiseState, latents: torch.Tensor, row0: int, row1: int) -> torch.Tensor:
+        """Token rows row0..row1-1 of the F x h rows: a slice of [B, C, F * h, w] (a view of `latents`)."""
+        ph = self.patch_size()[1]
+        b, c, f, h, w = latents.shape
+        return latents.view(b, c, f * h, w)[:, :, row0 * ph:row1 * ph]  # view(): raises rather than copy
+
+    def postprocess_prediction(self, state: DenoiseState, pred: torch.Tensor) -> torch.Tensor:
+        # the model's unpatchify may leave strides that patch_view's view() cannot take; values unchanged
+        return pred.contiguous()
+
+    def postprocess(self, decoded: torch.Tensor, output_type: str):
+        """[B, 3, F, H, W] in [-1, 1] -> np [B, F, H, W, 3] in [0, 1] (the pipeline's video processor)."""
+        return self.pipe.video_processor.postprocess_video(decoded, output_type=output_type)

@@ -1,0 +1,80 @@
+"""Wan 2.1 / 2.2 (WanPipeline / WanTransformer3DModel): video self-attention with 3-D rotary embeddings,
+cross-attention to UMT5 text.
+
+Wan 2.2 A14B is a WanPipeline with two experts: `transformer` denoises while t >= boundary_ratio x
+num_train_timesteps, `transformer_2` after (diffusers' own switch); both carry the same parallel hooks.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..parallel.plan import LOCAL, OUTPUT, BlockList, Gather, ModelPlan, PipelinePlan, SequencePlan, Split
+from ..denoising.recipe import COND, UNCOND, DenoiseState
+from ..denoising.video import VideoRecipe
+
+# The model patchifies [B, C, F, h, w] and flattens the F' x H' x W' tokens itself, then runs its blocks:
+# the tokens are sharded where the first block takes them (as diffusers' _cp_plan does), the rotary table
+# (cos, sin), each [1, S, 1, D], where the rope module returns it. Text stays whole (cross-attention).
+PLAN = ModelPlan(
+    SequencePlan(
+        splits=(
+            Split("rope", OUTPUT, -3, "img"),
+            Split("blocks.0", "hidden_states", -2, "img"),
+        ),
+        gathers=(Gather("proj_out", -2, "img"),),
+        attention={
+            "blocks.*.attn1": ("img",),
+            "blocks.*.attn2": LOCAL,
+        },
+    ),
+    PipelinePlan(blocks=(BlockList("blocks", ("hidden_states",), "hidden_states"),)),
+)
+
+
+class WanRecipe(VideoRecipe):
+    def prepare(self, request, generator, device):
+        pipe = self.pipe
+        r = self.settings(request)
+        cfg = r.guidance_scale > 1
+        embeds, n_embeds = pipe.encode_prompt(
+            prompt=r.prompts, negative_prompt=r.negative_prompt, do_classifier_free_guidance=cfg,
+            num_videos_per_prompt=r.num_images_per_prompt, max_sequence_length=r.extra["max_sequence_length"],
+            device=device)  # [B, L, D] each
+        dtype = self.transformer_for(None, None).dtype
+        branches = {COND: dict(encoder_hidden_states=embeds.to(dtype))}
+        if cfg:
+            branches[UNCOND] = dict(encoder_hidden_states=n_embeds.to(dtype))
+        pipe.scheduler.set_timesteps(r.num_inference_steps, device=device)
+        latents = pipe.prepare_latents(  # [B, C, F, h, w], fp32 as the pipeline keeps them
+            embeds.shape[0], self.transformer_for(None, None).config.in_channels, r.height, r.width, r.num_frames,
+            torch.float32, device, generator)
+        pipe.scheduler.set_begin_index(0)
+        ratio = pipe.config.boundary_ratio
+        boundary = None if ratio is None else ratio * pipe.scheduler.config.num_train_timesteps
+        return DenoiseState(latents, pipe.scheduler.timesteps, branches, r.guidance_scale, r.height, r.width,
+                            extra=dict(boundary=boundary, num_frames=r.num_frames))
+
+    def transformer_for(self, state, t):
+        # diffusers: `transformer` while t >= boundary (high noise), then `transformer_2`; a pipeline of one
+        # expert may hold it in either slot
+        pipe = self.pipe
+        if pipe.transformer is None or (state is not None and state.extra["boundary"] is not None
+                                        and t < state.extra["boundary"]):
+            return pipe.transformer_2
+        return pipe.transformer
+
+    def model_inputs(self, state, latents, t, branch):
+        transformer = self.transformer_for(state, t)
+        return dict(hidden_states=latents.to(transformer.dtype), timestep=t.expand(latents.shape[0]),
+                    attention_kwargs=None, **state.branches[branch])
+
+    def decode_latents(self, state, latents):
+        vae = self.pipe.vae
+        latents = latents.to(vae.dtype)
+        shape = (1, vae.config.z_dim, 1, 1, 1)
+        mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
+        inverse_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(latents.device, latents.dtype)
+        return latents / inverse_std + mean  # the pipeline's arithmetic, op for op (bit-equal output)
+
+
+RECIPE = WanRecipe
