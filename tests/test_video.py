@@ -1,0 +1,60 @@
+"""Video (Wan): every exact layout equals one process on a token grid no degree divides; degree 1 is
+diffusers' own (tests/test_diffusers_guard.py)."""
+import numpy as np
+import pytest
+
+from meshdit.config import ParallelConfig
+from tests import video_jobs
+
+_REFERENCE: dict = {}
+
+
+def reference(name, prompts=None, steps=2):
+    key = (name, tuple(prompts or ()), steps)
+    if key not in _REFERENCE:
+        _REFERENCE[key] = video_jobs.generate(name, {}, prompts, steps, fresh=True)
+    return _REFERENCE[key]
+
+
+def check(results, ref):
+    ref_out, ref_video = ref
+    assert ref_video.shape[1:] == (video_jobs.FRAMES, video_jobs.HEIGHT, video_jobs.WIDTH, 3)
+    for rank, (out, video) in enumerate(results):
+        if out is not None:
+            assert (out - ref_out).abs().max().item() <= 1e-5 * ref_out.abs().max().item(), f"rank {rank}: output"
+        assert video.shape == ref_video.shape, f"rank {rank}: {video.shape}"
+        assert np.abs(video - ref_video).max() <= 1e-5 * np.abs(ref_video).max(), f"rank {rank}: video differs"
+
+
+LAYOUTS = {
+    "u2": dict(ulysses_degree=2),
+    "r2": dict(ring_degree=2),
+    "r2u2": dict(ring_degree=2, ulysses_degree=2),
+    "cfg2": dict(cfg_degree=2),
+    "cfg2-u2": dict(cfg_degree=2, ulysses_degree=2),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_sequence_and_cfg_parallel_equal_one_process(run_ranks, layout):
+    degrees = LAYOUTS[layout]
+    check(run_ranks(ParallelConfig(**degrees).world_size, video_jobs.generate, "wan", degrees), reference("wan"))
+
+
+def test_data_parallel_equals_one_process(run_ranks):
+    prompts = ["a red cat", "a blue dog", "two green circles"]  # 3 videos over 2 groups
+    degrees = dict(data_parallel_degree=2)
+    check(run_ranks(2, video_jobs.generate, "wan", degrees, prompts), reference("wan", prompts))
+
+
+@pytest.mark.parametrize("patches", [2, 3])
+def test_pipefusion_with_full_warmup_equals_one_process(run_ranks, patches):
+    """Patches of frame-major token rows (2 patches: one crosses a frame boundary)."""
+    degrees = dict(pipefusion_parallel_degree=2, warmup_steps=2, num_pipeline_patch=patches)
+    results = run_ranks(2, video_jobs.generate, "wan-4blocks", degrees, fresh=True)
+    check(results, reference("wan-4blocks"))
+
+
+def test_pipefusion_hybrid_with_ulysses_equals_one_process(run_ranks):
+    degrees = dict(pipefusion_parallel_degree=2, ulysses_degree=2, warmup_steps=2)
+    check(run_ranks(4, video_jobs.generate, "wan-4blocks", degrees, fresh=True), reference("wan-4blocks"))

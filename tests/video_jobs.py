@@ -1,0 +1,47 @@
+"""Jobs the video tests run on every rank of the pool (module-level: they are pickled)."""
+import torch
+
+from meshdit.config import GenerateRequest, ParallelConfig
+from meshdit.denoising.recipe import COND
+from meshdit.engine import Engine
+from meshdit.testing.rank_pool import mesh_for
+from meshdit.testing.tiny_models import tiny_pipeline
+
+# 9 frames -> 3 latent frames; 48 x 80 px -> 3 x 5 tokens per frame: 45 tokens, divisible by neither 2 nor 4
+# (uneven shards everywhere), and 9 token rows for PipeFusion's patches (3 patches of 3 rows cross no frame
+# boundary; 2 patches of 5 + 4 rows do).
+FRAMES, HEIGHT, WIDTH = 9, 48, 80
+TEXT = 6  # max_sequence_length, kept small for speed
+
+_PIPES: dict = {}
+
+
+def request(prompts=None, steps: int = 2, seed: int = 3, guidance: float | None = None) -> GenerateRequest:
+    return GenerateRequest(prompt=prompts or ["a red cat on a blue square"], height=HEIGHT, width=WIDTH,
+                           num_frames=FRAMES, num_inference_steps=steps, seed=seed, guidance_scale=guidance,
+                           extra={"max_sequence_length": TEXT})
+
+
+def generate(name: str, degrees: dict, prompts=None, steps: int = 2, fresh: bool = False):
+    """(transformer output at the first step [B, C, F, h, w], final video [N, F, H, W, 3]) over the mesh.
+
+    fresh: a pipeline built for this call (PipeFusion drops other stages' blocks for good)."""
+    if fresh:
+        pipe = tiny_pipeline(name)
+    else:
+        pipe = _PIPES.setdefault(name, tiny_pipeline(name))
+    pipe.set_progress_bar_config(disable=True)
+    config = ParallelConfig(**degrees)
+    engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None)
+    try:
+        req = request(prompts, steps)
+        out = None
+        if config.pipefusion_parallel_degree == 1:  # a lone forward needs every block on this rank
+            with torch.inference_mode():
+                state = engine.recipe.prepare(req, torch.Generator().manual_seed(req.seed), torch.device("cpu"))
+                t = state.timesteps[0]
+                inputs = engine.recipe.model_inputs(state, state.latents, t, COND)
+                out = engine.recipe.transformer_for(state, t)(**inputs, return_dict=False)[0]
+        return out, engine.generate(req).images
+    finally:
+        engine.close()
