@@ -17,9 +17,9 @@ def reference(name, prompts=None, steps=2):
 
 
 def check(results, ref):
-    ref_out, ref_video = ref
+    ref_out, ref_video, _ = ref
     assert ref_video.shape[1:] == (video_jobs.FRAMES, video_jobs.HEIGHT, video_jobs.WIDTH, 3)
-    for rank, (out, video) in enumerate(results):
+    for rank, (out, video, _) in enumerate(results):
         if out is not None:
             assert (out - ref_out).abs().max().item() <= 1e-5 * ref_out.abs().max().item(), f"rank {rank}: output"
         assert video.shape == ref_video.shape, f"rank {rank}: {video.shape}"
@@ -58,3 +58,18 @@ def test_pipefusion_with_full_warmup_equals_one_process(run_ranks, patches):
 def test_pipefusion_hybrid_with_ulysses_equals_one_process(run_ranks):
     degrees = dict(pipefusion_parallel_degree=2, ulysses_degree=2, warmup_steps=2)
     check(run_ranks(4, video_jobs.generate, "wan-4blocks", degrees, fresh=True), reference("wan-4blocks"))
+
+
+@pytest.mark.parametrize("degrees", [dict(ring_degree=2, ulysses_degree=2), dict(cfg_degree=2, ring_degree=2),
+                                     dict(pipefusion_parallel_degree=2, warmup_steps=2)],
+                         ids=["r2u2", "cfg2-r2", "pf2"])
+def test_wan22_two_experts_equal_one_process(run_ranks, degrees):
+    """Wan 2.2's pair: the first step runs `transformer`, the second `transformer_2`; both are hooked alike."""
+    fresh = "pipefusion_parallel_degree" in degrees
+    results = run_ranks(ParallelConfig(**degrees).world_size, video_jobs.generate, "wan22", degrees, fresh=fresh)
+    check(results, reference("wan22"))
+    for rank, (_, _, second) in enumerate(results):
+        if fresh:  # PipeFusion: each stage keeps one of the 2 blocks of the second expert too
+            assert second["skipped"] == 1, f"rank {rank}: {second}"
+        elif "ring_degree" in degrees:  # the split on blocks.0, the marks on its self-attention modules
+            assert second["hooks"] > 0, f"rank {rank}: {second}"

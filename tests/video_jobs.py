@@ -23,7 +23,8 @@ def request(prompts=None, steps: int = 2, seed: int = 3, guidance: float | None 
 
 
 def generate(name: str, degrees: dict, prompts=None, steps: int = 2, fresh: bool = False):
-    """(transformer output at the first step [B, C, F, h, w], final video [N, F, H, W, 3]) over the mesh.
+    """(transformer output at the first step [B, C, F, h, w], final video [N, F, H, W, 3], what parallelize
+    installed on a second expert) over the mesh.
 
     fresh: a pipeline built for this call (PipeFusion drops other stages' blocks for good)."""
     if fresh:
@@ -42,6 +43,20 @@ def generate(name: str, degrees: dict, prompts=None, steps: int = 2, fresh: bool
                 t = state.timesteps[0]
                 inputs = engine.recipe.model_inputs(state, state.latents, t, COND)
                 out = engine.recipe.transformer_for(state, t)(**inputs, return_dict=False)[0]
-        return out, engine.generate(req).images
+        video = engine.generate(req).images
+        return out, video, _second_expert_parallel(pipe)
     finally:
         engine.close()
+
+
+def _second_expert_parallel(pipe) -> dict:
+    """Hooks on transformer_2's modules and its stand-in blocks (PipeFusion): a second expert left out of
+    parallelize would still compute the right video (every rank holds the whole latents), so its output
+    alone cannot tell."""
+    from meshdit.parallel.pipefusion import SkipBlock
+
+    second = getattr(pipe, "transformer_2", None)
+    if second is None:
+        return {}
+    return dict(hooks=sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in second.modules()),
+                skipped=sum(isinstance(m, SkipBlock) for m in second.modules()))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..parallel.plan import LOCAL, OUTPUT, BlockList, Gather, ModelPlan, PipelinePlan, SequencePlan, Split
+from ..parallel.plan import LOCAL, OUTPUT, BlockList, Gather, ModelPlan, StagePlan, SequencePlan, Split
 from ..denoising.recipe import COND, UNCOND, DenoiseState
 from ..denoising.video import VideoRecipe
 
@@ -27,7 +27,7 @@ PLAN = ModelPlan(
             "blocks.*.attn2": LOCAL,
         },
     ),
-    PipelinePlan(blocks=(BlockList("blocks", ("hidden_states",), "hidden_states"),)),
+    StagePlan(blocks=(BlockList("blocks", ("hidden_states",), "hidden_states"),)),
 )
 
 

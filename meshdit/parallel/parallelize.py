@@ -8,6 +8,12 @@ from .plan import ModelPlan
 from .sequence import apply_attention_backend, apply_sequence_parallel
 
 
+def denoisers(pipe) -> list:
+    """The pipeline's transformers the plan applies to: `transformer`, and Wan 2.2's second expert
+    `transformer_2` where the pipeline has one (either slot may be empty)."""
+    return [m for m in (getattr(pipe, "transformer", None), getattr(pipe, "transformer_2", None)) if m is not None]
+
+
 def parallelize(pipe, plan: ModelPlan, mesh: ParallelMesh | SingleProcessMesh, fp8=None) -> Parallelized:
     """Applies every strategy the mesh asks for, and the FP8 options of `fp8` (an Fp8Config), to `pipe`.
 
@@ -27,22 +33,25 @@ def parallelize(pipe, plan: ModelPlan, mesh: ParallelMesh | SingleProcessMesh, f
         check_backend(config.compile)  # before any hook is installed
     device = mesh.device
     backend = runtime.attention_backend(fp8, device)
+    transformers = denoisers(pipe)
     if backend is not None:  # attention no sequence-parallel hook routes (serial, cross-attention)
-        done.handles += apply_attention_backend(pipe.transformer, backend)
+        for transformer in transformers:
+            done.handles += apply_attention_backend(transformer, backend)
     if config.sp_degree > 1 or config.pipefusion_parallel_degree > 1:
         # PipeFusion reuses the sequence hooks to cut the image stream into patches
-        done.sequence_state, handles = apply_sequence_parallel(pipe.transformer, plan.sequence, mesh, backend,
+        done.sequence_state, handles = apply_sequence_parallel(transformers, plan.sequence, mesh, backend,
                                                                runtime.wire_codecs(fp8, device))
         done.handles += handles
     if config.pipefusion_parallel_degree > 1:
-        done.pipefusion = PipeFusion(pipe.transformer, plan.stages, mesh, done.sequence_state,
+        done.pipefusion = PipeFusion(transformers, plan.stages, mesh, done.sequence_state,
                                      runtime.pipe_codec_for(fp8, device))
         done.handles += done.pipefusion.handles
-    if fp8 is not None and fp8.gemm:
-        # after PipeFusion's split: stages balance as without FP8, and only this stage's blocks are quantized
-        runtime.quantize_transformer(pipe.transformer, [spec.path for spec in plan.stages.blocks])
-    if config.compile:  # last: the blocks this stage keeps, FP8 Linear layers included
-        from .compile import compile_blocks
+    for transformer in transformers:
+        if fp8 is not None and fp8.gemm:
+            # after PipeFusion's split: stages balance as without FP8, and only this stage's blocks are quantized
+            runtime.quantize_transformer(transformer, [spec.path for spec in plan.stages.blocks])
+        if config.compile:  # last: the blocks this stage keeps, FP8 Linear layers included
+            from .compile import compile_blocks
 
-        done.handles += compile_blocks(pipe.transformer, plan.stages, config.compile)
+            done.handles += compile_blocks(transformer, plan.stages, config.compile)
     return done

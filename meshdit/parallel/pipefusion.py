@@ -39,15 +39,22 @@ class SkipBlock(nn.Module):
 class PipeFusion:
     """This rank's stage of the transformer, and the p2p traffic between stages."""
 
-    def __init__(self, transformer: nn.Module, plan: StagePlan, mesh: ParallelMesh, seq_state,
+    def __init__(self, transformers: nn.Module | list[nn.Module], plan: StagePlan, mesh: ParallelMesh, seq_state,
                  codec_for=None) -> None:
-        # codec_for: tensor -> its wire codec (None: exact)
+        """transformers: one, or a pipeline's experts (Wan 2.2), each cut into the same stages; one runs
+        at a time, so they share the channel and the stale K/V (whose layers the experts name apart).
+        codec_for: tensor -> its wire codec (None: exact)."""
         self.channel = PipeChannel(mesh.group("pp"), codec_for)
         self.stage = mesh.local_rank("pp")
         self.num_stages = mesh.size("pp")
         self.stale_kv = StaleKV(seq_state)
         seq_state.stale_kv = self.stale_kv
         self.handles = []
+        for transformer in transformers if isinstance(transformers, (list, tuple)) else [transformers]:
+            self._cut(transformer, plan)
+
+    def _cut(self, transformer: nn.Module, plan: StagePlan) -> None:
+        """Keeps this stage's blocks of `transformer` and hooks its stage boundaries and long skips."""
         modules = dict(transformer.named_modules())
         blocks = [(modules[spec.path], i, spec) for spec in plan.blocks for i in range(len(modules[spec.path]))]
         sizes = balanced_stages([block_weight(b[0][b[1]]) for b in blocks], self.num_stages)

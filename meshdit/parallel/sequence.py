@@ -218,19 +218,31 @@ def _set_during_forward(module: torch.nn.Module, var: _WhileRunning, value) -> l
     return [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
 
 
-def apply_sequence_parallel(transformer: torch.nn.Module, plan: SequencePlan, mesh: ParallelMesh,
-                            backend=None, codecs: WireCodecs = EXACT) -> tuple[_SequenceState, list]:
-    """Hooks `plan` into `transformer`; returns (the hooks' state, the hook handles: remove() undoes it).
+def apply_sequence_parallel(transformers: torch.nn.Module | list[torch.nn.Module], plan: SequencePlan,
+                            mesh: ParallelMesh, backend=None,
+                            codecs: WireCodecs = EXACT) -> tuple[_SequenceState, list]:
+    """Hooks `plan` into `transformers` (one, or a pipeline's experts: Wan 2.2); returns (the hooks' state,
+    the hook handles: remove() undoes it).
 
     The hooks also serve PipeFusion, which cuts the image stream into patches through
     the state (`patch_window`) and reads stale K/V through it (`stale_kv`).
     `backend` (None: SDPA) computes attention, `codecs` encode what travels.
+    Experts share the state (one runs at a time); their attention modules are named apart ("1:blocks.0.attn1").
     """
     sp_group = mesh.group("sp")
     state = _SequenceState(sequence_groups(mesh), sp_group, group_rank(sp_group), group_size(sp_group),
                            backend=backend, codecs=codecs)
-    modules = dict(transformer.named_modules())
     handles = [_install_sdpa_router()]
+    many = isinstance(transformers, (list, tuple))
+    for index, transformer in enumerate(transformers if many else [transformers]):
+        handles += _hook_transformer(transformer, plan, state, f"{index}:" if many and index else "")
+    return state, handles
+
+
+def _hook_transformer(transformer: torch.nn.Module, plan: SequencePlan, state: _SequenceState,
+                      prefix: str) -> list:
+    modules = dict(transformer.named_modules())
+    handles = []
 
     for split in plan.splits:
         module = _find(modules, split.module)
@@ -262,8 +274,8 @@ def apply_sequence_parallel(transformer: torch.nn.Module, plan: SequencePlan, me
         streams = _match(plan.attention, name)
         if streams == LOCAL:
             continue
-        handles += _set_during_forward(module, _ACTIVE, _ActiveAttention(state, tuple(streams), name))
-    return state, handles
+        handles += _set_during_forward(module, _ACTIVE, _ActiveAttention(state, tuple(streams), prefix + name))
+    return handles
 
 
 def _is_attention(module: torch.nn.Module) -> bool:

@@ -200,8 +200,9 @@ def tiny_wan_transformer(layers: int = 2):
 
 
 def tiny_wan_pipeline(seed: int = 0, layers: int = 2, two_experts: bool = False):
-    """Wan 2.1 text-to-video, or (two_experts) Wan 2.2's pair: transformer for t >= 0.5 x 1000, transformer_2
-    below. Tokens are 16 pixels wide (VAE 8 x patch 2) and 4 frames deep (+1 for the first frame)."""
+    """Wan 2.1 text-to-video, or (two_experts) Wan 2.2's pair: transformer for t >= 0.9 x 1000, transformer_2
+    below (2 steps: t = 1000, then 47: one step each). Tokens are 16 pixels wide (VAE 8 x patch 2) and 4
+    frames deep (+1 for the first frame)."""
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
 
     torch.manual_seed(seed)
@@ -209,7 +210,7 @@ def tiny_wan_pipeline(seed: int = 0, layers: int = 2, two_experts: bool = False)
     transformer_2 = tiny_wan_transformer(layers) if two_experts else None
     return WanPipeline(tokenizer=t5_tokenizer(), text_encoder=umt5_text_model(32), vae=tiny_wan_vae(),
                        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), transformer=transformer,
-                       transformer_2=transformer_2, boundary_ratio=0.5 if two_experts else None)
+                       transformer_2=transformer_2, boundary_ratio=0.9 if two_experts else None)
 
 
 TEST_SCALE = {"hunyuandit": 4, "hunyuandit-4blocks": 4, "wan": 4, "wan-4blocks": 4, "wan22": 4}
