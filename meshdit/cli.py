@@ -58,16 +58,18 @@ def generate_command(args) -> None:
     # Everything that can be checked without weights is checked here, before any rank starts.
     model, info, request = model_and_request(args)
     info.check_request(config, request)
+    info.check_vae(vae)  # video VAEs: no parallel or tiled decode yet
     from .vae.settings import check_vae_of_model  # VAE checks from vae/config.json
     check_vae_of_model(model, vae, request.height, request.width)
     num_images = len(request.prompts) * request.num_images_per_prompt
-    check_output_writable(args.output, num_images)
-    check_output_path(args.output, num_images)
+    output = args.output or ("meshdit.mp4" if info.is_video else "meshdit.png")
+    check_output_writable(output, num_images)
+    check_output_path(output, num_images, info.is_video)
     # torch, diffusers and transformers are imported only now that the request is known to be valid.
     from .distributed.launch import launch
     from .runner import GenerateJob, run_generate
 
-    job = GenerateJob(model, config, request, args.output, args.dtype, args.verbose, vae, loading_options(args),
+    job = GenerateJob(model, config, request, output, args.dtype, args.verbose, vae, loading_options(args),
                       fp8_config_from_args(args))
     launch(run_generate, job, config.world_size)
 

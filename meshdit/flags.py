@@ -102,9 +102,10 @@ def add_request_flags(parser) -> None:
 
 def add_output_flags(parser) -> None:
     group = parser.add_argument_group("output")
-    flag(group, "output", default="meshdit.png", metavar="PATH",
-         help="x.png (or .jpg, .webp) for the image, x.npy for the float32 (H, W, 3) array in [0, 1]; several "
-              "images need {i} in the name, e.g. out-{i}.png (default: meshdit.png)")
+    flag(group, "output", default=None, metavar="PATH",
+         help="x.png (or .jpg, .webp) for the image, x.npy for the float32 (H, W, 3) array in [0, 1]; video "
+              "models: x.mp4 (H.264), x.gif or x.webp (animated), x.npy (F, H, W, 3); several images or videos "
+              "need {i} in the name, e.g. out-{i}.png (default: meshdit.png, video models meshdit.mp4)")
 
 
 def layout_from_args(args) -> tuple[ParallelConfig, "VaeDecodeSettings"]:  # noqa: F821 - lazy name

@@ -1,4 +1,5 @@
-"""Writing generated images where the user asked: .png (or any PIL format) or .npy.
+"""Writing generated images where the user asked: .png (or any PIL format) or .npy; videos as .mp4 (H.264),
+animated .gif / .webp, or .npy.
 
 Each file is written to a temporary file in the same folder and renamed over the
 target, so a failed write (disk full, quota, a killed run) never leaves a truncated
@@ -13,6 +14,7 @@ import tempfile
 from .errors import ConfigError
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".npy")
+VIDEO_EXTENSIONS = (".mp4", ".gif", ".webp", ".npy")
 
 # What a user can do about the usual write failures.
 _CAUSES = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded",
@@ -24,14 +26,19 @@ class OutputWriteError(OSError):
     """An image could not be written; the message names the cause and says what was kept."""
 
 
-def check_output_path(pattern: str, count: int) -> None:
-    """Fails early (before ranks start) on a path that cannot hold `count` images."""
-    if count > 1 and "{i}" not in pattern:
-        raise ConfigError(f"{count} images will be generated but --output {pattern!r} has no {{i}}: use e.g. "
-                          f"'out-{{i}}.png', where {{i}} becomes the image's index in prompt order.")
+def check_output_path(pattern: str, count: int, video: bool = False) -> None:
+    """Fails early (before ranks start) on a path that cannot hold `count` images (videos, with `video`)."""
+    what, example = ("videos", "clip") if video else ("images", "out")
     ext = os.path.splitext(pattern)[1].lower()
-    if ext not in EXTENSIONS:
-        raise ConfigError(f"--output {pattern!r}: use a .png, .jpg, .webp or .npy file name.")
+    if count > 1 and "{i}" not in pattern:
+        raise ConfigError(f"{count} {what} will be generated but --output {pattern!r} has no {{i}}: use e.g. "
+                          f"'{example}-{{i}}{ext or '.png'}', where {{i}} becomes the index in prompt order.")
+    if video and ext not in VIDEO_EXTENSIONS:
+        raise ConfigError(f"--output {pattern!r}: this model makes videos; use a .mp4 (H.264), .gif or .webp "
+                          "(animated) or .npy (float32 frames) file name.")
+    if not video and ext not in EXTENSIONS:
+        hint = " (.mp4 and .gif are for video models)" if ext in VIDEO_EXTENSIONS else ""
+        raise ConfigError(f"--output {pattern!r}: use a .png, .jpg, .webp or .npy file name{hint}.")
     path = os.path.abspath(pattern.replace("{i}", "0"))
     if os.path.isdir(path):
         raise ConfigError(f"--output {pattern!r} is a directory: name a file in it, e.g. {os.path.join(pattern, 'out.png')!r}.")
@@ -52,17 +59,26 @@ def _umask() -> int:
     return mask
 
 
-def _write_atomic(path: str, write) -> None:
-    """write(file object) into a temp file beside `path`, then rename it to `path`."""
+def _write_atomic(path: str, write, to_path: bool = False) -> None:
+    """write(file object) into a temp file beside `path`, then rename it to `path`.
+    to_path: write(temp path) instead, for writers that open the file themselves (ffmpeg); the temp name
+    ends in the target's extension, from which they take the format."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".partial", dir=folder)
+    suffix = ".partial" + (os.path.splitext(path)[1] if to_path else "")
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=suffix, dir=folder)
     try:
         os.fchmod(fd, 0o666 & ~_umask())   # as an ordinary new file (mkstemp makes 0600)
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
+        if to_path:
+            os.close(fd)
+            write(tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+        else:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
         try:
@@ -94,3 +110,40 @@ def save_images(images, pattern: str, start_index: int = 0) -> list[str]:
             _write_atomic(path, lambda f: pil.save(f, format=fmt))
         paths.append(path)
     return paths
+
+
+def save_videos(videos, pattern: str, fps: int, start_index: int = 0) -> list[str]:
+    """videos: [N, F, H, W, 3] float in [0, 1]. .mp4: H.264 (yuv420p, as players expect); .gif / .webp:
+    animated, looping; .npy: the float32 frames (F, H, W, 3). Returns the paths written."""
+    import numpy as np  # here, not at the top: a refused command is checked before numpy loads
+    from PIL import Image
+
+    paths = []
+    for offset, video in enumerate(videos):
+        path = pattern.replace("{i}", str(start_index + offset))
+        ext = os.path.splitext(path)[1].lower()
+        if ext == ".npy":
+            array = np.asarray(video, dtype=np.float32)  # [F, H, W, 3]
+            _write_atomic(path, lambda f: np.save(f, array))
+            paths.append(path)
+            continue
+        frames = (np.clip(video, 0, 1) * 255).round().astype(np.uint8)  # [F, H, W, 3]
+        if ext == ".mp4":
+            _write_atomic(path, lambda tmp: _write_mp4(tmp, frames, fps), to_path=True)
+        else:
+            pils = [Image.fromarray(frame) for frame in frames]
+            fmt = Image.registered_extensions()[ext]
+            _write_atomic(path, lambda f: pils[0].save(f, format=fmt, save_all=True, append_images=pils[1:],
+                                                       duration=round(1000 / fps), loop=0))
+        paths.append(path)
+    return paths
+
+
+def _write_mp4(path: str, frames, fps: int) -> None:
+    import imageio.v2 as imageio
+
+    # macro_block_size 2: yuv420p needs even sides; the default (16) would rescale other sizes
+    with imageio.get_writer(path, format="FFMPEG", mode="I", fps=fps, codec="libx264", pixelformat="yuv420p",
+                            macro_block_size=2) as writer:
+        for frame in frames:
+            writer.append_data(frame)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .config import GenerateRequest, ParallelConfig
 from .logs import quiet_libraries
-from .output import save_images
+from .output import save_images, save_videos
 from .vae import VaeDecodeSettings
 
 # NOTE: no torch, diffusers or transformers at module level: a spawned rank imports this module to
@@ -52,10 +52,17 @@ def run_generate(job: GenerateJob) -> None:
     load_s = time.perf_counter() - start
     result = engine.generate(job.request, output_type="np", show_progress=mesh.is_output_rank)
     if mesh.is_output_rank:
-        paths = save_images(result.images, job.output)
         s = result.seconds
-        height, width = result.images.shape[1:3]
-        print(f"meshdit: {len(paths)} image(s) height {height} x width {width}, {job.request.num_inference_steps} "
+        if engine.info.is_video:  # [N, F, H, W, 3]
+            request = engine.resolve(job.request)
+            paths = save_videos(result.images, job.output, request.fps)
+            frames, height, width = result.images.shape[1:4]
+            what = f"video(s) of {frames} frames at {request.fps} fps,"
+        else:
+            paths = save_images(result.images, job.output)
+            height, width = result.images.shape[1:3]
+            what = "image(s)"
+        print(f"meshdit: {len(paths)} {what} height {height} x width {width}, {job.request.num_inference_steps} "
               f"steps, layout {job.config.describe()} on {dist.get_world_size()} rank(s) ({device.type}): "
               f"{s['total']:.2f} s (prepare {s['prepare']:.2f}, denoise {s['denoise']:.2f}, "
               f"decode {s['decode']:.2f}; model load {load_s:.2f} s)")
