@@ -244,6 +244,10 @@ def test_registry_defaults_equal_diffusers():
                 assert family.max_sequence_length_for(pipeline_class) == call["max_sequence_length"].default
             assert family.default_steps == call["num_inference_steps"].default, pipeline_class
             assert family.default_guidance == call["guidance_scale"].default, pipeline_class
+            if family.default_pixel_size:
+                assert family.default_pixel_size == (call["height"].default, call["width"].default), pipeline_class
+            if family.is_video:  # (fps is no pipeline argument: the rows hold the docs' export_to_video fps)
+                assert family.default_num_frames == call["num_frames"].default, pipeline_class
 
 
 def test_a_fixed_text_length_refuses_another_max_sequence_length():

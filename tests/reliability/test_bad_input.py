@@ -80,6 +80,27 @@ BAD_INPUTS = {
     "vae-overlap-not-below-tile": (["--vae-tile-width", "64"], "must be smaller than --vae-tile-width (64 px)"),
     "parallel-vae-unknown-class": (["--model", "{tmp}/tiny-vae", "--use-parallel-vae"],
                                    "supports the VAE classes AutoencoderKL"),
+    # video models (Wan) and video flags on image models
+    "fps-0": (["--fps", "0"], "--fps 0 is out of range"),
+    "num-frames-0": (["--num-frames", "0"], "--num-frames 0 is out of range"),
+    "num-frames-on-image-model": (["--num-frames", "9"], "--num-frames is for video models, but this FluxPipeline"),
+    "image-on-image-model": (["--image", "{tmp}/earlier.png"], "--image is for video models"),
+    "video-frames-not-4k+1": (["--model", "{tmp}/wan", "--num-frames", "10", "--output", "{tmp}/x.mp4"],
+                              "--num-frames 10 cannot be encoded by this model's VAE"),
+    "video-to-an-image-name": (["--model", "{tmp}/wan"], "this model makes videos; use a .mp4"),
+    "video-name-for-an-image-model": (["--output", "{tmp}/x.mp4"], "(.mp4 and .gif are for video models)"),
+    "image-given-to-text-to-video": (["--model", "{tmp}/wan", "--image", "{tmp}/earlier.png", "--output",
+                                      "{tmp}/x.mp4"], "takes no image: drop --image"),
+    "video-height-not-patch-multiple": (["--model", "{tmp}/wan", "--height", "40", "--output", "{tmp}/x.mp4"],
+                                        "height 40 cannot be split into this model's patches"),
+    "video-parallel-vae": (["--model", "{tmp}/wan", "--use-parallel-vae", "--output", "{tmp}/x.mp4"],
+                           "not yet for video VAEs"),
+    "video-per-token-timesteps": (["--model", "{tmp}/wan-ti2v", "--output", "{tmp}/x.mp4"],
+                                  "sets expand_timesteps"),
+    "video-patches-above-token-rows": (["--model", "{tmp}/wan", "--num-frames", "5", "--height", "32", "--width",
+                                        "32", "--pipefusion-parallel-degree", "2", "--num-pipeline-patch", "5",
+                                        "--output", "{tmp}/x.mp4"],
+                                       "--num-pipeline-patch 5 exceeds the 4 rows of image tokens"),
     # FP8 options
     "fp8-comm-k-without-fp8-comm": (["--fp8-comm-k"], "needs --fp8-comm too"),
     "attention-backend-unknown": (["--attention-backend", "fp4"], "argument --attention-backend"),
@@ -90,6 +111,9 @@ _FLUX_TRANSFORMER = {"_class_name": "FluxTransformer2DModel", "num_attention_hea
                      "num_layers": 1, "num_single_layers": 1, "in_channels": 16, "guidance_embeds": False}
 _VAE = {"_class_name": "AutoencoderKL", "block_out_channels": [8, 16, 32, 64],
         "up_block_types": ["UpDecoderBlock2D"] * 4}
+_WAN_TRANSFORMER = {"_class_name": "WanTransformer3DModel", "num_attention_heads": 4, "num_layers": 2,
+                    "patch_size": [1, 2, 2]}
+_WAN_VAE = {"_class_name": "AutoencoderKLWan", "scale_factor_spatial": 8, "scale_factor_temporal": 4}
 CONFIG_ONLY_MODELS = {
     "flux-dev": ("FluxPipeline", {**_FLUX_TRANSFORMER, "guidance_embeds": True}, _VAE),
     "flux2": ("Flux2Pipeline", {**_FLUX_TRANSFORMER, "_class_name": "Flux2Transformer2DModel"},
@@ -100,6 +124,8 @@ CONFIG_ONLY_MODELS = {
     "sd15": ("StableDiffusionPipeline", {"_class_name": "UNet2DConditionModel"}, _VAE),
     "no-transformer": ("FluxPipeline", None, _VAE),
     "tiny-vae": ("FluxPipeline", _FLUX_TRANSFORMER, {**_VAE, "_class_name": "AutoencoderTiny"}),
+    "wan": ("WanPipeline", _WAN_TRANSFORMER, _WAN_VAE),
+    "wan-ti2v": ({"_class_name": "WanPipeline", "expand_timesteps": True}, _WAN_TRANSFORMER, _WAN_VAE),
 }
 
 
@@ -115,7 +141,8 @@ def workdir(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "model_index.json").write_text(index)
     for name, (pipeline, transformer, vae) in CONFIG_ONLY_MODELS.items():
-        for part, config in (("", {"_class_name": pipeline}), ("transformer", transformer), ("vae", vae)):
+        index = pipeline if isinstance(pipeline, dict) else {"_class_name": pipeline}  # a dict: the whole index
+        for part, config in (("", index), ("transformer", transformer), ("vae", vae)):
             if config is not None:
                 (tmp_path / name / part).mkdir(parents=True, exist_ok=True)
                 (tmp_path / name / part / ("config.json" if part else "model_index.json")).write_text(json.dumps(config))
