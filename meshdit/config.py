@@ -189,7 +189,7 @@ class GenerateRequest:
     fps: int | None = flagged(
         None, flag="fps", type=int, metavar="FPS",
         help="video models: frames per second of the saved video, >= 1 (default: the model family's, e.g. Wan 16)")
-    image: str | None = flagged(
+    image: object = flagged(  # a path; the Python API may pass a PIL image
         None, flag="image", metavar="PATH",
         help="image-to-video models: the first frame to animate, an image file (default: none)")
     extra: dict = field(default_factory=dict)

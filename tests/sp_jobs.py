@@ -34,7 +34,7 @@ def request(name: str, height: int, width: int, seed: int = 3, steps: int = 2, p
 
 def _fixed_text_length(name: str) -> bool:
     """The family takes no --max-sequence-length (HunyuanDiT: its transformer's text length is fixed)."""
-    return family_for_pipeline(type(pipeline(name)).__name__).max_sequence_length_fixed
+    return family_for_pipeline(type(pipeline(name)).__name__).is_text_length_fixed(pipeline(name).transformer.config)
 
 
 def generate(name: str, ring: int, ulysses: int, height: int, width: int, seed: int = 3):

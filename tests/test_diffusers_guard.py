@@ -13,7 +13,7 @@ import torch
 from meshdit.config import GenerateRequest
 from meshdit.engine import Engine
 from meshdit.models.registry import FAMILIES
-from meshdit.testing.tiny_models import tiny_flux_pipeline, tiny_pipeline
+from meshdit.testing.tiny_models import sample_image, tiny_flux_pipeline, tiny_pipeline
 
 PROMPT = "a red cat on a blue square"
 SIZE = dict(height=64, width=48, num_inference_steps=2)
@@ -45,6 +45,9 @@ CASES = {
             dict(prompt=PROMPT, guidance_scale=5.0, num_frames=5, max_sequence_length=TEXT), 5.0, {}),
     "wan22-two-experts": (lambda: tiny_pipeline("wan22"),
                           dict(prompt=PROMPT, guidance_scale=5.0, num_frames=5, max_sequence_length=TEXT), 5.0, {}),
+    # image-to-video: its text length is fixed at 512 (no max_sequence_length); the image goes in as PIL
+    "wan-i2v": (lambda: tiny_pipeline("wan-i2v"),
+                dict(prompt=PROMPT, guidance_scale=5.0, num_frames=5, image=sample_image(64, 48)), 5.0, {}),
 }
 
 
@@ -59,7 +62,7 @@ def test_every_degree_one_gives_the_diffusers_pipeline_image_bit_for_bit(name):
     if "max_sequence_length" in diffusers_kwargs:
         extra = {**extra, "max_sequence_length": TEXT}
     request = GenerateRequest(prompt=PROMPT, **SIZE, seed=3, guidance_scale=guidance, extra=extra,
-                              num_frames=diffusers_kwargs.get("num_frames"))
+                              num_frames=diffusers_kwargs.get("num_frames"), image=diffusers_kwargs.get("image"))
     engine = Engine(pipe)
     try:
         images = engine.generate(request).images

@@ -5,7 +5,7 @@ from meshdit.config import GenerateRequest, ParallelConfig
 from meshdit.denoising.recipe import COND
 from meshdit.engine import Engine
 from meshdit.testing.rank_pool import mesh_for
-from meshdit.testing.tiny_models import tiny_pipeline
+from meshdit.testing.tiny_models import sample_image, tiny_pipeline
 
 # 9 frames -> 3 latent frames; 48 x 80 px -> 3 x 5 tokens per frame: 45 tokens, divisible by neither 2 nor 4
 # (uneven shards everywhere), and 9 token rows for PipeFusion's patches (3 patches of 3 rows cross no frame
@@ -16,10 +16,13 @@ TEXT = 6  # max_sequence_length, kept small for speed
 _PIPES: dict = {}
 
 
-def request(prompts=None, steps: int = 2, seed: int = 3, guidance: float | None = None) -> GenerateRequest:
+def request(name: str, prompts=None, steps: int = 2, seed: int = 3) -> GenerateRequest:
+    """Image-to-video (wan-i2v*) animates sample_image() and takes the text at its fixed 512 tokens."""
+    i2v = name.startswith("wan-i2v")
     return GenerateRequest(prompt=prompts or ["a red cat on a blue square"], height=HEIGHT, width=WIDTH,
-                           num_frames=FRAMES, num_inference_steps=steps, seed=seed, guidance_scale=guidance,
-                           extra={"max_sequence_length": TEXT})
+                           num_frames=FRAMES, num_inference_steps=steps, seed=seed,
+                           image=sample_image(HEIGHT, WIDTH) if i2v else None,
+                           extra={} if i2v else {"max_sequence_length": TEXT})
 
 
 def generate(name: str, degrees: dict, prompts=None, steps: int = 2, fresh: bool = False):
@@ -35,7 +38,7 @@ def generate(name: str, degrees: dict, prompts=None, steps: int = 2, fresh: bool
     config = ParallelConfig(**degrees)
     engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None)
     try:
-        req = request(prompts, steps)
+        req = request(name, prompts, steps)
         out = None
         if config.pipefusion_parallel_degree == 1:  # a lone forward needs every block on this rank
             with torch.inference_mode():

@@ -113,7 +113,7 @@ class ModelInfo:
         request.validate()
         limit = self.family.max_sequence_length_limit
         tokens = request.extra["max_sequence_length"]
-        if self.family.max_sequence_length_fixed and tokens != self.family.default_max_sequence_length:
+        if self.family.is_text_length_fixed(self.transformer_config) and tokens != self.family.default_max_sequence_length:
             raise ConfigError(f"this {self.pipeline_class} takes exactly {self.family.default_max_sequence_length} "
                               f"text tokens (its transformer's fixed text length), not {tokens}: drop "
                               "--max-sequence-length.")
@@ -151,7 +151,7 @@ class ModelInfo:
         if not animates and request.image is not None:
             raise ConfigError(f"this {what} makes videos from text alone and takes no image: drop --image "
                               "(or use the family's image-to-video model).")
-        if request.image is not None and not os.path.isfile(request.image):
+        if isinstance(request.image, str) and not os.path.isfile(request.image):  # (the API may pass a PIL image)
             raise ConfigError(f"--image {request.image!r}: no such file; pass the path of an image file.")
 
     def check_vae(self, settings) -> None:

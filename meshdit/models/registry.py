@@ -30,8 +30,10 @@ class ModelFamily:
     """Pipelines of the family whose default text length differs (PixArt-alpha: 120, Sigma: 300)."""
     max_sequence_length_limit: int | None = None
     """The text encoder's cap on --max-sequence-length (T5 in FLUX.1 and SD3: 512); None: no fixed cap."""
-    max_sequence_length_fixed: bool = False
-    """The transformer takes exactly default_max_sequence_length text tokens (HunyuanDiT: its T5 length)."""
+    max_sequence_length_fixed: bool | str = False
+    """The transformer takes exactly default_max_sequence_length text tokens (HunyuanDiT: its T5 length): True,
+    or the transformer config key that, when set, makes it so (Wan 2.1 I2V: added_kv_proj_dim, image K/V
+    projections whose processor cuts the text at 512 tokens from the end)."""
     default_sample_size: int | None = None
     """Latent size the pipeline defaults to; None: the transformer config's sample_size."""
     guidance_distilled: bool | str = False
@@ -82,6 +84,11 @@ class ModelFamily:
         """Blocks PipeFusion can cut into stages (double- and single-stream blocks alike)."""
         return int(transformer_config.get("num_layers", 0)) + int(transformer_config.get("num_single_layers", 0))
 
+    def is_text_length_fixed(self, transformer_config: dict) -> bool:
+        if isinstance(self.max_sequence_length_fixed, str):
+            return transformer_config.get(self.max_sequence_length_fixed) is not None
+        return self.max_sequence_length_fixed
+
     def is_guidance_distilled(self, transformer_config: dict) -> bool:
         if isinstance(self.guidance_distilled, str):
             return bool(transformer_config.get(self.guidance_distilled))
@@ -110,9 +117,10 @@ FAMILIES = (
                 max_sequence_length_fixed=True),
     # Wan 2.1 / 2.2 (a WanPipeline with transformer_2 and boundary_ratio: two experts). UMT5 text goes in through
     # cross-attention only, so any text length works; defaults are WanPipeline.__call__'s and its examples' fps.
-    ModelFamily("wan", "WanTransformer3DModel", ("WanPipeline",), "meshdit.models.wan", packed=False,
-                default_steps=50, default_guidance=5.0, default_max_sequence_length=512,
-                default_pixel_size=(480, 832), default_num_frames=81, default_fps=16,
+    ModelFamily("wan", "WanTransformer3DModel", ("WanPipeline", "WanImageToVideoPipeline"), "meshdit.models.wan",
+                packed=False, default_steps=50, default_guidance=5.0, default_max_sequence_length=512,
+                max_sequence_length_fixed="added_kv_proj_dim", default_pixel_size=(480, 832),
+                default_num_frames=81, default_fps=16, image_to_video_pipelines=("WanImageToVideoPipeline",),
                 refused_pipeline_config={"expand_timesteps": "Wan 2.2 TI2V's per-token timesteps"}),
 )
 

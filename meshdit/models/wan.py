@@ -1,5 +1,8 @@
-"""Wan 2.1 / 2.2 (WanPipeline / WanTransformer3DModel): video self-attention with 3-D rotary embeddings,
-cross-attention to UMT5 text.
+"""Wan 2.1 / 2.2 (WanPipeline, WanImageToVideoPipeline / WanTransformer3DModel): video self-attention with
+3-D rotary embeddings, cross-attention to UMT5 text (and, image-to-video, to CLIP image embeddings).
+
+Image-to-video feeds the model the noisy latents concatenated (channels) with the image's condition: a
+frame mask and the VAE-encoded first frame followed by zeros, as WanImageToVideoPipeline builds them.
 
 Wan 2.2 A14B is a WanPipeline with two experts: `transformer` denoises while t >= boundary_ratio x
 num_train_timesteps, `transformer_2` after (diffusers' own switch); both carry the same parallel hooks.
@@ -40,19 +43,34 @@ class WanRecipe(VideoRecipe):
             prompt=r.prompts, negative_prompt=r.negative_prompt, do_classifier_free_guidance=cfg,
             num_videos_per_prompt=r.num_images_per_prompt, max_sequence_length=r.extra["max_sequence_length"],
             device=device)  # [B, L, D] each
-        dtype = self.transformer_for(None, None).dtype
-        branches = {COND: dict(encoder_hidden_states=embeds.to(dtype))}
+        transformer = self.transformer_for(None, None)
+        dtype = transformer.dtype
+        batch = embeds.shape[0]
+        image = {}
+        if r.image is not None and transformer.config.image_dim is not None:  # CLIP embeddings of the image
+            # [B, N, D]: one row per video (the pipeline repeats them per prompt, not per video)
+            image = dict(encoder_hidden_states_image=pipe.encode_image(_load(r.image), device)
+                         .repeat(batch, 1, 1).to(dtype))
+        branches = {COND: dict(encoder_hidden_states=embeds.to(dtype), **image)}
         if cfg:
-            branches[UNCOND] = dict(encoder_hidden_states=n_embeds.to(dtype))
+            branches[UNCOND] = dict(encoder_hidden_states=n_embeds.to(dtype), **image)
         pipe.scheduler.set_timesteps(r.num_inference_steps, device=device)
-        latents = pipe.prepare_latents(  # [B, C, F, h, w], fp32 as the pipeline keeps them
-            embeds.shape[0], self.transformer_for(None, None).config.in_channels, r.height, r.width, r.num_frames,
-            torch.float32, device, generator)
-        pipe.scheduler.set_begin_index(0)
+        condition = None
+        if r.image is None:
+            latents = pipe.prepare_latents(  # [B, C, F, h, w], fp32 as the pipeline keeps them
+                batch, transformer.config.in_channels, r.height, r.width, r.num_frames, torch.float32, device,
+                generator)
+            pipe.scheduler.set_begin_index(0)  # WanPipeline does; WanImageToVideoPipeline finds the index by t
+        else:
+            pixels = pipe.video_processor.preprocess(_load(r.image), height=r.height, width=r.width).to(
+                device, dtype=torch.float32)  # [1, 3, H, W]
+            # latents [B, z, F, h, w]; condition [B, T + z, F, h, w]: the first frame's mask, then its latents
+            latents, condition = pipe.prepare_latents(pixels, batch, pipe.vae.config.z_dim, r.height, r.width,
+                                                      r.num_frames, torch.float32, device, generator)
         ratio = pipe.config.boundary_ratio
         boundary = None if ratio is None else ratio * pipe.scheduler.config.num_train_timesteps
         return DenoiseState(latents, pipe.scheduler.timesteps, branches, r.guidance_scale, r.height, r.width,
-                            extra=dict(boundary=boundary, num_frames=r.num_frames))
+                            extra=dict(boundary=boundary, num_frames=r.num_frames, condition=condition))
 
     def transformer_for(self, state, t):
         # diffusers: `transformer` while t >= boundary (high noise), then `transformer_2`; a pipeline of one
@@ -65,6 +83,9 @@ class WanRecipe(VideoRecipe):
 
     def model_inputs(self, state, latents, t, branch):
         transformer = self.transformer_for(state, t)
+        condition = state.extra["condition"]
+        if condition is not None:  # image-to-video: [B, z + T + z, F, h, w]
+            latents = torch.cat([latents, condition], dim=1)
         return dict(hidden_states=latents.to(transformer.dtype), timestep=t.expand(latents.shape[0]),
                     attention_kwargs=None, **state.branches[branch])
 
@@ -75,6 +96,13 @@ class WanRecipe(VideoRecipe):
         mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
         inverse_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(latents.device, latents.dtype)
         return latents / inverse_std + mean  # the pipeline's arithmetic, op for op (bit-equal output)
+
+
+def _load(image):
+    """--image PATH (or an image the Python API passes) as the RGB PIL image the pipeline takes."""
+    from diffusers.utils import load_image
+
+    return load_image(image)
 
 
 RECIPE = WanRecipe

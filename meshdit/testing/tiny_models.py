@@ -189,13 +189,16 @@ def tiny_wan_vae():
                             temperal_downsample=[False, True, True]).eval()
 
 
-def tiny_wan_transformer(layers: int = 2):
+def tiny_wan_transformer(layers: int = 2, image_to_video: bool = False):
+    """image_to_video: 16 noise + 4 mask + 16 image-latent input channels, and (Wan 2.1 I2V) K/V projections
+    of CLIP image embeddings in every cross-attention."""
     from diffusers import WanTransformer3DModel
 
+    image = dict(in_channels=36, image_dim=8, added_kv_proj_dim=48) if image_to_video else dict(in_channels=16)
     return WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=12, in_channels=16, out_channels=16,
-        text_dim=32, freq_dim=32, ffn_dim=32, num_layers=layers, cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
+        patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=12, out_channels=16, text_dim=32,
+        freq_dim=32, ffn_dim=32, num_layers=layers, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=32, **image,
     ).eval()
 
 
@@ -211,6 +214,32 @@ def tiny_wan_pipeline(seed: int = 0, layers: int = 2, two_experts: bool = False)
     return WanPipeline(tokenizer=t5_tokenizer(), text_encoder=umt5_text_model(32), vae=tiny_wan_vae(),
                        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), transformer=transformer,
                        transformer_2=transformer_2, boundary_ratio=0.9 if two_experts else None)
+
+
+def tiny_wan_i2v_pipeline(seed: int = 0, layers: int = 2):
+    """Wan 2.1 image-to-video: a tiny CLIP vision encoder (32 px crops) gives the image embeddings. Its
+    cross-attention takes the text at exactly 512 tokens (diffusers' WanAttnProcessor cuts there)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
+
+    torch.manual_seed(seed)
+    transformer = tiny_wan_transformer(layers, image_to_video=True)
+    encoder = CLIPVisionModel(CLIPVisionConfig(hidden_size=8, projection_dim=8, num_hidden_layers=2,
+                                               num_attention_heads=2, image_size=32, intermediate_size=16,
+                                               patch_size=8)).eval()
+    return WanImageToVideoPipeline(
+        tokenizer=t5_tokenizer(), text_encoder=umt5_text_model(32), vae=tiny_wan_vae(),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), image_processor=CLIPImageProcessor(crop_size=32, size=32),
+        image_encoder=encoder, transformer=transformer)
+
+
+def sample_image(height: int = 48, width: int = 80):
+    """A deterministic RGB picture for image-to-video tests (PIL)."""
+    from PIL import Image
+
+    y, x = torch.meshgrid(torch.linspace(0, 1, height), torch.linspace(0, 1, width), indexing="ij")
+    rgb = torch.stack([x, y, (x * y).sqrt()], dim=-1)  # [H, W, 3]
+    return Image.fromarray((rgb * 255).round().to(torch.uint8).numpy())
 
 
 TEST_SCALE = {"hunyuandit": 4, "hunyuandit-4blocks": 4, "wan": 4, "wan-4blocks": 4, "wan22": 4}
@@ -233,6 +262,7 @@ BUILDERS = {
     "hunyuandit": tiny_hunyuandit_pipeline,
     "wan": tiny_wan_pipeline,
     "wan22": lambda seed=0: tiny_wan_pipeline(seed, two_experts=True),
+    "wan-i2v": tiny_wan_i2v_pipeline,
     # four blocks, for four pipeline stages
     "flux-4blocks": lambda seed=0: tiny_flux_pipeline(seed, double=2, single=2),
     "flux2-4blocks": lambda seed=0: tiny_flux2_pipeline(seed, double=2, single=2),
@@ -242,6 +272,7 @@ BUILDERS = {
     # DDIM: after PipeFusion's warmup each patch steps alone, and DDPM would draw other noise for it
     "hunyuandit-4blocks": lambda seed=0: tiny_hunyuandit_pipeline(seed, layers=4, stochastic=False),
     "wan-4blocks": lambda seed=0: tiny_wan_pipeline(seed, layers=4),
+    "wan-i2v-4blocks": lambda seed=0: tiny_wan_i2v_pipeline(seed, layers=4),
     # hidden 256 (4 heads x 64): Linear layers wide enough that FP8 scales and biases are a small overhead
     "flux-wide": lambda seed=0: tiny_flux_pipeline(seed, head_dim=64),
 }

@@ -95,6 +95,13 @@ BAD_INPUTS = {
                                         "height 40 cannot be split into this model's patches"),
     "video-parallel-vae": (["--model", "{tmp}/wan", "--use-parallel-vae", "--output", "{tmp}/x.mp4"],
                            "not yet for video VAEs"),
+    "image-to-video-without-image": (["--model", "{tmp}/wan-i2v", "--output", "{tmp}/x.mp4"],
+                                     "animates an image: pass its first frame with --image PATH"),
+    "image-to-video-image-missing": (["--model", "{tmp}/wan-i2v", "--image", "{tmp}/nope.png", "--output",
+                                      "{tmp}/x.mp4"], "nope.png': no such file; pass the path of an image file"),
+    "image-to-video-other-text-length": (["--model", "{tmp}/wan-i2v", "--image", "{tmp}/earlier.png",
+                                          "--max-sequence-length", "100", "--output", "{tmp}/x.mp4"],
+                                         "takes exactly 512 text tokens"),
     "video-per-token-timesteps": (["--model", "{tmp}/wan-ti2v", "--output", "{tmp}/x.mp4"],
                                   "sets expand_timesteps"),
     "video-patches-above-token-rows": (["--model", "{tmp}/wan", "--num-frames", "5", "--height", "32", "--width",
@@ -125,6 +132,7 @@ CONFIG_ONLY_MODELS = {
     "no-transformer": ("FluxPipeline", None, _VAE),
     "tiny-vae": ("FluxPipeline", _FLUX_TRANSFORMER, {**_VAE, "_class_name": "AutoencoderTiny"}),
     "wan": ("WanPipeline", _WAN_TRANSFORMER, _WAN_VAE),
+    "wan-i2v": ("WanImageToVideoPipeline", {**_WAN_TRANSFORMER, "added_kv_proj_dim": 48}, _WAN_VAE),
     "wan-ti2v": ({"_class_name": "WanPipeline", "expand_timesteps": True}, _WAN_TRANSFORMER, _WAN_VAE),
 }
 
