@@ -105,7 +105,7 @@ def add_output_flags(parser) -> None:
     flag(group, "output", default=None, metavar="PATH",
          help="x.png (or .jpg, .webp) for the image, x.npy for the float32 (H, W, 3) array in [0, 1]; video "
               "models: x.mp4 (H.264), x.gif or x.webp (animated), x.npy (F, H, W, 3); several images or videos "
-              "need {i} in the name, e.g. out-{i}.png (default: meshdit.png, video models meshdit.mp4)")
+              "need {i} in the name, e.g. out-{i}.png; video models write meshdit.mp4 unless told (default: meshdit.png)")
 
 
 def layout_from_args(args) -> tuple[ParallelConfig, "VaeDecodeSettings"]:  # noqa: F821 - lazy name

@@ -76,14 +76,17 @@ def test_wan22_two_experts_equal_one_process(run_ranks, degrees):
 
 
 @pytest.mark.parametrize("degrees", [dict(ring_degree=2, ulysses_degree=2), dict(cfg_degree=2),
+                                     dict(data_parallel_degree=2),
                                      dict(pipefusion_parallel_degree=2, warmup_steps=2, num_pipeline_patch=2)],
-                         ids=["r2u2", "cfg2", "pf2"])
+                         ids=["r2u2", "cfg2", "dp2", "pf2"])
 def test_image_to_video_equals_one_process(run_ranks, degrees):
-    """WanImageToVideoPipeline: the image condition joins the latents' channels (sharded with them), the CLIP
-    embeddings join the text (whole on every rank)."""
+    """WanImageToVideoPipeline: the image condition joins the latents' channels (sharded with them, cut with
+    the batch under data parallelism), the CLIP embeddings join the text (whole on every rank)."""
     name = "wan-i2v-4blocks" if "pipefusion_parallel_degree" in degrees else "wan-i2v"
-    results = run_ranks(ParallelConfig(**degrees).world_size, video_jobs.generate, name, degrees, fresh=True)
-    check(results, reference(name))
+    prompts = ["a red cat", "a blue dog", "two green circles"] if "data_parallel_degree" in degrees else None
+    results = run_ranks(ParallelConfig(**degrees).world_size, video_jobs.generate, name, degrees, prompts,
+                        fresh=True)
+    check(results, reference(name, prompts))
 
 
 def test_generate_command_writes_a_playable_mp4(tmp_path):

@@ -17,8 +17,10 @@ def concat_states(recipe: Recipe, states: list[DenoiseState]) -> DenoiseState:
     first = states[0]
     for other in states[1:]:
         if (other.height, other.width, other.guidance_scale) != (first.height, first.width, first.guidance_scale) \
+                or other.latents.shape[1:] != first.latents.shape[1:] \
                 or not torch.equal(other.timesteps, first.timesteps) or other.branch_names != first.branch_names:
-            raise ValueError("only requests with the same size, steps, guidance and branches can share a batch")
+            raise ValueError("only requests with the same size (and frames), steps, guidance and branches can share "
+                             "a batch")
 
     def join(values: list, key: str = ""):
         head = values[0]
