@@ -3,10 +3,14 @@ diffusers' own (tests/test_diffusers_guard.py)."""
 import numpy as np
 import pytest
 
-from meshdit.config import ParallelConfig
+from meshdit.testing.rank_pool import split_layout
 from tests import video_jobs
 
 _REFERENCE: dict = {}
+
+
+def world(layout: dict) -> int:
+    return split_layout(layout)[0].world_size
 
 
 def reference(name, prompts=None, steps=2):
@@ -38,7 +42,7 @@ LAYOUTS = {
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_sequence_and_cfg_parallel_equal_one_process(run_ranks, layout):
     degrees = LAYOUTS[layout]
-    check(run_ranks(ParallelConfig(**degrees).world_size, video_jobs.generate, "wan", degrees), reference("wan"))
+    check(run_ranks(world(degrees), video_jobs.generate, "wan", degrees), reference("wan"))
 
 
 def test_data_parallel_equals_one_process(run_ranks):
@@ -66,7 +70,7 @@ def test_pipefusion_hybrid_with_ulysses_equals_one_process(run_ranks):
 def test_wan22_two_experts_equal_one_process(run_ranks, degrees):
     """Wan 2.2's pair: the first step runs `transformer`, the second `transformer_2`; both are hooked alike."""
     fresh = "pipefusion_parallel_degree" in degrees
-    results = run_ranks(ParallelConfig(**degrees).world_size, video_jobs.generate, "wan22", degrees, fresh=fresh)
+    results = run_ranks(world(degrees), video_jobs.generate, "wan22", degrees, fresh=fresh)
     check(results, reference("wan22"))
     for rank, (_, _, second) in enumerate(results):
         if fresh:  # PipeFusion: each stage keeps one of the 2 blocks of the second expert too
@@ -84,7 +88,7 @@ def test_image_to_video_equals_one_process(run_ranks, degrees):
     the batch under data parallelism), the CLIP embeddings join the text (whole on every rank)."""
     name = "wan-i2v-4blocks" if "pipefusion_parallel_degree" in degrees else "wan-i2v"
     prompts = ["a red cat", "a blue dog", "two green circles"] if "data_parallel_degree" in degrees else None
-    results = run_ranks(ParallelConfig(**degrees).world_size, video_jobs.generate, name, degrees, prompts,
+    results = run_ranks(world(degrees), video_jobs.generate, name, degrees, prompts,
                         fresh=True)
     check(results, reference(name, prompts))
 

@@ -1,10 +1,12 @@
 """Jobs the video tests run on every rank of the pool (module-level: they are pickled)."""
 import torch
 
-from meshdit.config import GenerateRequest, ParallelConfig
+from dataclasses import replace
+
+from meshdit.config import GenerateRequest
 from meshdit.denoising.recipe import COND
 from meshdit.engine import Engine
-from meshdit.testing.rank_pool import mesh_for
+from meshdit.testing.rank_pool import mesh_for, split_layout
 from meshdit.testing.tiny_models import sample_image, tiny_pipeline
 
 # 9 frames -> 3 latent frames; 48 x 80 px -> 3 x 5 tokens per frame: 45 tokens, divisible by neither 2 nor 4
@@ -25,7 +27,7 @@ def request(name: str, prompts=None, steps: int = 2, seed: int = 3) -> GenerateR
                            extra={} if i2v else {"max_sequence_length": TEXT})
 
 
-def generate(name: str, degrees: dict, prompts=None, steps: int = 2, fresh: bool = False):
+def generate(name: str, layout: dict, prompts=None, steps: int = 2, fresh: bool = False):
     """(transformer output at the first step [B, C, F, h, w], final video [N, F, H, W, 3], what parallelize
     installed on a second expert) over the mesh.
 
@@ -35,10 +37,10 @@ def generate(name: str, degrees: dict, prompts=None, steps: int = 2, fresh: bool
     else:
         pipe = _PIPES.setdefault(name, tiny_pipeline(name))
     pipe.set_progress_bar_config(disable=True)
-    config = ParallelConfig(**degrees)
+    config, settings = split_layout(layout)  # degrees; PipeFusion's warmup steps and patches (request fields)
     engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None)
     try:
-        req = request(name, prompts, steps)
+        req = replace(request(name, prompts, steps), **settings)
         out = None
         if config.pipefusion_parallel_degree == 1:  # a lone forward needs every block on this rank
             with torch.inference_mode():

@@ -16,24 +16,20 @@ from .recipe import DenoiseState, Recipe
 class VideoRecipe(Recipe):
     """Base of video families' recipes: subclasses fill in prepare / model_inputs / decode_latents."""
 
-    def patch_size(self) -> tuple[int, int, int]:
-        """(frames, height, width) latent cells per token."""
-        p = self.pipe.transformer.config.patch_size
-        return (1, p, p) if isinstance(p, int) else tuple(p)
-
     def token_grid(self, state: DenoiseState) -> tuple[int, int]:
-        """Token rows of every frame, in order (frames x height), and tokens per row (width)."""
-        pt, ph, pw = self.patch_size()
-        if pt != 1:  # a token row would then take latent rows of several frames: no single slice
-            raise NotImplementedError("PipeFusion patches need a temporal patch of 1")
-        _, _, frames, height, width = state.latents.shape
-        return frames * (height // ph), width // pw
+        """Token rows of every frame, in order (frames x height), and tokens per row (width).
+
+        The spatial rule is the registry row's (pixel_multiple); token frames are latent frames, which
+        assumes a temporal patch of 1 (Wan, HunyuanVideo): else a token row would take latent rows of
+        several frames, and no single slice of the latents would hold a patch."""
+        rows, cols = super().token_grid(state)  # per frame
+        return state.latents.shape[2] * rows, cols
 
     def patch_view(self, state: DenoiseState, latents: torch.Tensor, row0: int, row1: int) -> torch.Tensor:
         """Token rows row0..row1-1 of the F x h rows: a slice of [B, C, F * h, w] (a view of `latents`)."""
-        ph = self.patch_size()[1]
         b, c, f, h, w = latents.shape
-        return latents.view(b, c, f * h, w)[:, :, row0 * ph:row1 * ph]  # view(): raises rather than copy
+        rows = f * h // self.token_grid(state)[0]  # latent rows per token row: the patch height
+        return latents.view(b, c, f * h, w)[:, :, row0 * rows:row1 * rows]  # view(): raises rather than copy
 
     def postprocess_prediction(self, state: DenoiseState, pred: torch.Tensor) -> torch.Tensor:
         # the model's unpatchify may leave strides that patch_view's view() cannot take; values unchanged
