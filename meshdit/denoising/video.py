@@ -14,7 +14,7 @@ from .recipe import DenoiseState, Recipe
 
 
 class VideoRecipe(Recipe):
-    """Base of video families' recipes: subclasses fill in prepare / model_inputs / decode_latents."""
+    """Base of video families' recipes: subclasses fill in prepare_settings / model_inputs / decode_latents."""
 
     def token_grid(self, state: DenoiseState) -> tuple[int, int]:
         """Token rows of every frame, in order (frames x height), and tokens per row (width).

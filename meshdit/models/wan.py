@@ -35,9 +35,8 @@ PLAN = ModelPlan(
 
 
 class WanRecipe(VideoRecipe):
-    def prepare(self, request, generator, device):
+    def prepare_settings(self, r, generator, device):
         pipe = self.pipe
-        r = self.settings(request)
         cfg = r.guidance_scale > 1
         embeds, n_embeds = pipe.encode_prompt(
             prompt=r.prompts, negative_prompt=r.negative_prompt, do_classifier_free_guidance=cfg,
