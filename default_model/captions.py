@@ -59,7 +59,18 @@ def known_words(grammar: str) -> dict:
         "backgrounds": [f"on a {b} background" for b in D.BACKGROUNDS],
         "example": D.Scene("red", "circle", 2, None, "white").caption,
         "words": sorted(set(vocabulary(grammar)) | {s + "s" for s in D.SHAPES}),
+        # The fixed grammar's T5 tokenizer has lower-case pieces only; the natural one reads any case and , .
+        "reads_case_and_punctuation": grammar == "natural",
     }
+
+
+def write_vocabulary(folder, grammar: str) -> None:
+    """vocabulary.json of a model folder trained on `grammar` (read by meshdit.prompt_vocabulary)."""
+    import json
+    from pathlib import Path
+
+    text = json.dumps(known_words(grammar), indent=1) + "\n"
+    (Path(folder) / "vocabulary.json").write_text(text, encoding="utf-8")
 
 
 # ---------------------------------------------------------------- natural captions
