@@ -53,8 +53,8 @@ def parse_images(text: str) -> dict[int, int]:
     return sizes
 
 
-def batch_for(size: int) -> int:
-    return max(2, round(BASE_BATCH * (256 / size) ** 2))
+def batch_for(size: int, base: int = BASE_BATCH) -> int:
+    return max(2, round(base * (256 / size) ** 2))
 
 
 # ---------------------------------------------------------------- start
@@ -132,7 +132,7 @@ def caption_batch(scenes: list[D.Scene], rng: np.random.Generator, fixed_share: 
 
 def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed: int, lr: float,
           fixed_share: float, save_every: float, drop: float = 0.1, obj_weight: float = 4.0,
-          ema_decay: float = 0.995) -> bool:
+          ema_decay: float = 0.995, base_batch: int = BASE_BATCH) -> bool:
     """Trains for `minutes` (or what is left of the plan); returns True once the plan is complete."""
     from diffusers import AutoencoderKL, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5EncoderModel
@@ -163,24 +163,25 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     probs = np.array([SIZE_WEIGHTS.get(s, 0.1) for s in sizes])
     probs /= probs.sum()
     log(f"training from step {step0} ({trained0 / 60:.1f} of {plan_s / 60:.0f} min done) for {budget / 60:.1f} min; "
-        f"sizes {sizes}, batches {[batch_for(s) for s in sizes]}")
+        f"sizes {sizes}, batches {[batch_for(s, base_batch) for s in sizes]}")
 
-    t0, step, avg, last_save = time.time(), 0, None, time.time()
+    t0, step, avg, last_save, done_s = time.time(), 0, None, time.time(), 0.0  # done_s: training time, saves excluded
 
     def save() -> None:  # EMA weights for the pipeline; full state to resume (temp file + rename)
         ema.save_pretrained(ckpt / "transformer")
         torch.save({**state, "model": model.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(),
-                    "step": step0 + step, "trained_s": trained0 + time.time() - t0}, ckpt / "state.pt.tmp")
+                    "step": step0 + step, "trained_s": trained0 + done_s}, ckpt / "state.pt.tmp")
         (ckpt / "state.pt.tmp").replace(ckpt / "state.pt")
 
-    while (elapsed := time.time() - t0) < budget:
+    while done_s < budget:
+        elapsed = time.time() - t0
         frac = (trained0 + elapsed) / plan_s
         warm = min(1.0, (step0 + step + 1) / 100)  # the optimizer starts fresh: 100 warmup steps
         cur_lr = lr * warm * 0.5 * (1 + math.cos(math.pi * frac))
         for g in opt.param_groups:
             g["lr"] = cur_lr
         size = int(rng.choice(sizes, p=probs))
-        idx = rng.integers(0, len(data[size]["scenes"]), size=batch_for(size))
+        idx = rng.integers(0, len(data[size]["scenes"]), size=batch_for(size, base_batch))
         x0 = (data[size]["z"][torch.from_numpy(idx)] - shift) * scale  # [B, 4, s/8, s/8]
         texts = caption_batch([data[size]["scenes"][i] for i in idx], rng, fixed_share, drop)
         seq, pooled = encode_captions(clip, tokenizers[0], t5, tokenizers[1], texts)  # [B, 32, 64], [B, 64]
@@ -194,16 +195,19 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
                 pe.lerp_(pm, 1 - ema_decay)
         avg = loss.item() if avg is None else 0.98 * avg + 0.02 * loss.item()
         step += 1
+        done_s = time.time() - t0
         if step % 25 == 0:
             log(f"step {step0 + step} loss {avg:.4f} lr {cur_lr:.2e} ({(trained0 + elapsed) / 60:.1f} min)")
         if time.time() - last_save > save_every * 60:
+            pause = time.time()
             save()
+            t0 += time.time() - pause  # saving is not training time
             last_save = time.time()
     save()
-    log(f"trained {step} steps in {time.time() - t0:.0f}s, loss {avg:.4f}; checkpoint at step {step0 + step}")
+    log(f"trained {step} steps in {done_s:.0f}s, loss {avg:.4f}; checkpoint at step {step0 + step}")
     with open(ckpt / "steps.txt", "a") as f:
-        f.write(f"steps {step0}-{step0 + step} {time.time() - t0:.0f}s loss {avg:.5f}\n")
-    return trained0 + time.time() - t0 >= plan_s
+        f.write(f"steps {step0}-{step0 + step} {done_s:.0f}s loss {avg:.5f}\n")
+    return trained0 + done_s >= plan_s
 
 
 # ---------------------------------------------------------------- save
