@@ -9,7 +9,8 @@ import torch
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer, T5Config, T5EncoderModel, T5TokenizerFast
 
-from .dataset import SHAPES, vocabulary
+from .captions import vocabulary
+from .dataset import SHAPES
 
 TEXT_DIM = 64  # hidden size of both tiny text encoders
 
@@ -40,17 +41,61 @@ def _bpe(words: list[str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
     return vocab, merges
 
 
-def clip_tokenizer() -> CLIPTokenizer:
-    """CLIP BPE tokenizer whose merges make every caption word (and plural) one token."""
-    vocab, merges = _bpe(vocabulary() + [s + "s" for s in SHAPES])
+PUNCTUATION = (",", ".")  # natural captions' punctuation: tokens of their own, learnt as such
+
+
+def _words(grammar: str) -> list[str]:
+    return vocabulary(grammar) + [s + "s" for s in SHAPES] + (list(PUNCTUATION) if grammar == "natural" else [])
+
+
+def clip_tokenizer(grammar: str = "fixed") -> CLIPTokenizer:
+    """CLIP BPE tokenizer whose merges make every caption word (and plural) one token (it lower-cases)."""
+    vocab, merges = _bpe(_words(grammar))
     return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=77)
 
 
-def t5_tokenizer() -> T5TokenizerFast:
-    """Unigram tokenizer: one piece per caption word; plural 's' is its own piece."""
+def case_forms(word: str) -> list[str]:
+    """`word` as a caption may write it: lower, Capitalised, UPPER (the T5 tokenizer does not lower-case)."""
+    return list(dict.fromkeys([word, word[:1].upper() + word[1:], word.upper()]))
+
+
+def t5_tokenizer(grammar: str = "fixed") -> T5TokenizerFast:
+    """Unigram tokenizer: one piece per caption word; plural 's' is its own piece. The natural grammar adds
+    every word's Capitalised and UPPER forms (`extend_text_encoders` gives them the lower-case word's
+    embedding, so case changes nothing) and the punctuation pieces."""
     pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
-    pieces += [("\u2581" + w, -1.0) for w in vocabulary()] + [("s", -2.0), ("\u2581", -5.0)]
+    if grammar == "fixed":  # the first release's pieces, ids unchanged
+        pieces += [("\u2581" + w, -1.0) for w in vocabulary()] + [("s", -2.0), ("\u2581", -5.0)]
+    else:
+        pieces += [("\u2581" + f, -1.0) for w in vocabulary(grammar) for f in case_forms(w)]
+        pieces += [("s", -2.0), ("S", -2.0)] + [(p, -2.0) for p in PUNCTUATION] + [("\u2581", -5.0)]
     return T5TokenizerFast(vocab=pieces, extra_ids=0)
+
+
+def _lower_case_source(token: str) -> str:
+    """The token whose embedding a token shares: a case form shares its lower-case word's."""
+    return token.lower() if token not in ("<pad>", "</s>", "<unk>") else token
+
+
+@torch.no_grad()
+def extend_text_encoders(clip: CLIPTextModel, t5: T5EncoderModel, old_clip_tok, old_t5_tok, new_clip_tok, new_t5_tok,
+                         seed: int = 1) -> tuple[CLIPTextModel, T5EncoderModel]:
+    """Text encoders for new tokenizers that read every old caption exactly as the old ones did: each token the
+    old vocabulary had (by its text) keeps its embedding row, a case form gets its lower-case word's row,
+    and only new words get new random rows (seeded). Everything but the embedding tables is copied."""
+    new_clip, new_t5 = text_encoders(len(new_clip_tok), len(new_t5_tok), seed=seed)
+    for old, new, old_tok, new_tok in ((clip, new_clip, old_clip_tok, new_clip_tok), (t5, new_t5, old_t5_tok, new_t5_tok)):
+        state = {k: v for k, v in old.state_dict().items() if v.shape == new.state_dict()[k].shape}
+        new.load_state_dict(state, strict=False)
+        old_rows, new_rows = old.get_input_embeddings().weight, new.get_input_embeddings().weight  # [V, TEXT_DIM]
+        old_vocab, new_vocab = old_tok.get_vocab(), new_tok.get_vocab()
+        for token, i in new_vocab.items():
+            source = token if token in old_vocab else _lower_case_source(token)
+            if source in old_vocab:
+                new_rows[i] = old_rows[old_vocab[source]]
+            elif source in new_vocab and source != token:
+                new_rows[i] = new_rows[new_vocab[source]]
+    return new_clip.eval(), new_t5.eval()
 
 
 def text_encoders(clip_vocab: int, t5_vocab: int, seed: int = 0) -> tuple[CLIPTextModel, T5EncoderModel]:

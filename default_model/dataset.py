@@ -17,6 +17,7 @@ training. EVAL_PROMPTS, the fixed evaluation list, uses only those pairs.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,8 +80,8 @@ class Scene:
     colour: str
     shape: str
     count: int
-    position: str | None  # only for count == 1
-    background: str
+    position: str | None  # only for count == 1 (None in a prompt: anywhere)
+    background: str | None  # None only in a prompt: any background
 
     @property
     def caption(self) -> str:
@@ -88,23 +89,34 @@ class Scene:
         words = [COUNT_WORDS[self.count], self.colour, noun]
         if self.position is not None:
             words.append(POSITION_PHRASES[self.position])
-        words.append(f"on a {self.background} background")
+        if self.background is not None:
+            words.append(f"on a {self.background} background")
         return " ".join(words)
 
 
+NUMBER_WORDS = {"one": 1, "single": 1, "1": 1, "two": 2, "2": 2, "three": 3, "3": 3}
+
+
+def prompt_words(prompt: str) -> list[str]:
+    """The prompt's words, lower case, punctuation dropped (what the tokenizers read)."""
+    return re.findall(r"[a-z0-9]+", prompt.lower())
+
+
 def parse_prompt(prompt: str) -> Scene:
-    """Inverse of Scene.caption (tolerant of case, extra spaces and plural forms)."""
-    words = prompt.lower().replace(",", " ").split()
-    count = next(n for n, w in COUNT_WORDS.items() if w in words)
+    """What a prompt asks for, from its words: the fixed captions (inverse of Scene.caption) and the
+    natural ones (articles, digits, any order, case, punctuation). Background None: any background;
+    position None for a single shape: anywhere."""
+    words = prompt_words(prompt)
     colour = next(c for c in COLOURS if c in words)
     shape = next(s for s in SHAPES if s in words or s + "s" in words)
-    background = next(b for b in BACKGROUNDS if b in words)
+    count = next((NUMBER_WORDS[w] for w in words if w in NUMBER_WORDS), 1)  # "a"/"an": one
+    background = next((b for b in BACKGROUNDS if b in words), None)
     position = next((p for p in POSITIONS if p in words), None)
     return Scene(colour, shape, count, position, background)
 
 
 def vocabulary() -> list[str]:
-    """Every word a caption can contain (plural 's' is tokenised as its own piece)."""
+    """Every word a fixed caption can contain (plural 's' is tokenised as its own piece)."""
     words: list[str] = list(COUNT_WORDS.values()) + list(COLOURS) + list(SHAPES) + list(POSITIONS)
     words += list(BACKGROUNDS) + ["on", "the", "at", "in", "a", "background"]
     return words

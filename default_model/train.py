@@ -25,6 +25,7 @@ import torch
 
 from . import components as C
 from . import dataset as D
+from .captions import write_vocabulary
 
 LOG_EVERY = 25
 
@@ -158,11 +159,39 @@ def sigma_for(u: torch.Tensor, image_tokens: int) -> torch.Tensor:
     return math.exp(mu) / (math.exp(mu) + (1.0 / u - 1.0))
 
 
+def rectified_flow_loss(model, x0: torch.Tensor, seq: torch.Tensor, pooled: torch.Tensor,
+                        obj_weight: float) -> torch.Tensor:
+    """The training loss on a batch of latents x0 [B, 4, h, w] (already shifted and scaled) with their
+    captions' T5 sequence [B, T, D] and CLIP pooled [B, D]: rectified flow at FluxPipeline's sigmas."""
+    from diffusers import FluxPipeline
+
+    b, c, h, w = x0.shape
+    x0 = FluxPipeline._pack_latents(x0, b, c, h, w)  # [B, h/2*w/2, 4c]
+    img_ids = FluxPipeline._prepare_latent_image_ids(b, h // 2, w // 2, x0.device, x0.dtype)
+    u = torch.sigmoid(torch.randn(b)).clamp(1e-4, 1 - 1e-4)
+    sigma = sigma_for(u, x0.shape[1])
+    noise = torch.randn_like(x0)
+    xt = (1 - sigma[:, None, None]) * x0 + sigma[:, None, None] * noise
+    pred = model(
+        hidden_states=xt,
+        timestep=sigma,  # FluxPipeline passes t/1000 = sigma
+        pooled_projections=pooled,
+        encoder_hidden_states=seq,
+        txt_ids=torch.zeros(seq.shape[1], 3),
+        img_ids=img_ids,
+        return_dict=False,
+    )[0]
+    # Shapes cover few tokens; weight them 5x so they are learnt before the easy background.
+    # (The top-left token is always background: shapes keep a margin from the border.)
+    obj = ((x0 - x0[:, :1]).abs().amax(-1) > 0.5).float()  # [B, N]
+    wgt = 1.0 + obj_weight * obj
+    wgt = wgt / wgt.mean(dim=1, keepdim=True)
+    return (wgt[..., None] * (pred - (noise - x0)).pow(2)).mean()
+
+
 def train_dit(work: Path, minutes: float, seed: int, batch: int = 16, lr: float = 1e-3, hidden: int = 128,
               heads: int = 4, double: int = 2, single: int = 4, drop: float = 0.1, resume: bool = False,
               obj_weight: float = 4.0, ema_decay: float = 0.995) -> None:
-    from diffusers import FluxPipeline
-
     torch.manual_seed(seed)
     data = torch.load(work / "latents.pt")
     shift, scale = data["shift"], data["scale"]
@@ -204,28 +233,7 @@ def train_dit(work: Path, minutes: float, seed: int, batch: int = 16, lr: float 
         x0 = (zall[idx] - shift) * scale  # [B, 4, h, w]
         cap = call[idx].clone()
         cap[torch.from_numpy(rng.random(batch) < drop)] = 0  # caption dropout -> "" (index 0)
-        b, c, h, w = x0.shape
-        x0 = FluxPipeline._pack_latents(x0, b, c, h, w)  # [B, h/2*w/2, 4c]
-        img_ids = FluxPipeline._prepare_latent_image_ids(b, h // 2, w // 2, x0.device, x0.dtype)
-        u = torch.sigmoid(torch.randn(batch)).clamp(1e-4, 1 - 1e-4)
-        sigma = sigma_for(u, x0.shape[1])
-        noise = torch.randn_like(x0)
-        xt = (1 - sigma[:, None, None]) * x0 + sigma[:, None, None] * noise
-        pred = model(
-            hidden_states=xt,
-            timestep=sigma,  # FluxPipeline passes t/1000 = sigma
-            pooled_projections=pooled_all[cap],
-            encoder_hidden_states=seq_all[cap],
-            txt_ids=torch.zeros(seq_all.shape[1], 3),
-            img_ids=img_ids,
-            return_dict=False,
-        )[0]
-        # Shapes cover few tokens; weight them 5x so they are learnt before the easy background.
-        # (The top-left token is always background: shapes keep a margin from the border.)
-        obj = ((x0 - x0[:, :1]).abs().amax(-1) > 0.5).float()  # [B, N]
-        wgt = 1.0 + obj_weight * obj
-        wgt = wgt / wgt.mean(dim=1, keepdim=True)
-        loss = (wgt[..., None] * (pred - (noise - x0)).pow(2)).mean()
+        loss = rectified_flow_loss(model, x0, seq_all[cap], pooled_all[cap], obj_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -266,6 +274,7 @@ def save_pipeline(work: Path, out: Path) -> None:
         transformer=FluxTransformer2DModel.from_pretrained(work / "transformer"),
     )
     pipe.save_pretrained(out)
+    write_vocabulary(out, "fixed")  # this trainer's captions are the fixed grammar's
     log(f"saved pipeline to {out}")
 
 

@@ -49,6 +49,15 @@ def model_and_request(args):
     return model, info, request.with_defaults(info.request_defaults())
 
 
+def warn_unknown_words(model: str, prompts: list[str]) -> None:
+    """Once per run, before the ranks start: words the model never saw (only models shipping vocabulary.json)."""
+    from .prompt_vocabulary import unknown_words_warning
+
+    note = unknown_words_warning(model, prompts)
+    if note:
+        print(f"meshdit: warning: {note}", file=sys.stderr)
+
+
 def generate_command(args) -> None:
     from .output import check_output_path
 
@@ -59,6 +68,7 @@ def generate_command(args) -> None:
     model, info, request = model_and_request(args)
     info.check_request(config, request)
     info.check_vae(vae)  # video VAEs: no parallel or tiled decode yet
+    warn_unknown_words(model, request.prompts)
     from .vae.settings import check_vae_of_model  # VAE checks from vae/config.json
     check_vae_of_model(model, vae, request.height, request.width)
     num_images = len(request.prompts) * request.num_images_per_prompt

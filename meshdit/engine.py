@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -13,6 +14,7 @@ from .errors import ConfigError
 from .distributed.mesh import ParallelMesh, SingleProcessMesh
 from .models.info import ModelInfo
 from .parallel.parallelize import parallelize
+from .prompt_vocabulary import PromptVocabulary, UnknownWordsWarning
 from .denoising.batching import concat_states
 from .vae import VaeDecodeSettings, decodes_here
 
@@ -41,6 +43,8 @@ class Engine:
         self.recipe = self.info.make_recipe(pipe)
         self.info.check_layout(self.mesh.config)  # the CLI's ConfigError, before any hook is installed
         self._parallel = parallelize(pipe, self.info.family.plan(), self.mesh, fp8)
+        self._vocabulary = PromptVocabulary.of_model(self.info.source)  # None unless the folder ships one
+        self._warned_words: set[str] = set()
 
     @classmethod
     def from_pretrained(cls, model: str | None = None, mesh: ParallelMesh | None = None, torch_dtype=None,
@@ -85,6 +89,7 @@ class Engine:
         if self._parallel is None:
             raise RuntimeError("this Engine was closed; make a new one to generate")
         requests = [self.resolve(r) for r in requests]
+        self._warn_unknown_words([p for r in requests for p in r.prompts])
         # The data-parallel split needs enough images in the whole batch, not in each request.
         total = sum(len(r.prompts) * r.num_images_per_prompt for r in requests)
         if len({(r.warmup_steps, r.patches(self.mesh.config)) for r in requests}) > 1:
@@ -113,6 +118,16 @@ class Engine:
         seconds["total"] = time.perf_counter() - start
         offsets = np.cumsum([0] + counts)
         return [GenerateResult(images[a:b], dict(seconds)) for a, b in zip(offsets[:-1], offsets[1:])]
+
+    def _warn_unknown_words(self, prompts: list[str]) -> None:
+        """UnknownWordsWarning once per word (on the output rank), for models that ship vocabulary.json."""
+        if self._vocabulary is None or not self.mesh.is_output_rank:
+            return
+        unknown = [w for w in self._vocabulary.unknown_words(prompts) if w not in self._warned_words]
+        plain = self._vocabulary.needs_plain_text(prompts) and "" not in self._warned_words
+        if unknown or plain:
+            self._warned_words.update(unknown + ([""] if plain else []))
+            warnings.warn(self._vocabulary.message(unknown, plain), UnknownWordsWarning, stacklevel=3)
 
     def close(self) -> None:
         """Removes the parallel hooks. Under PipeFusion the other stages' blocks are gone for good."""

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass
 
 from .config import GenerateRequest, ParallelConfig
 from .logs import quiet_libraries
 from .output import save_images, save_videos
+from .prompt_vocabulary import UnknownWordsWarning
 from .vae import VaeDecodeSettings
 
 # NOTE: no torch, diffusers or transformers at module level: a spawned rank imports this module to
@@ -50,7 +52,9 @@ def run_generate(job: GenerateJob) -> None:
     engine = Engine.from_pretrained(job.model, mesh, getattr(torch, job.dtype) if job.dtype in DTYPES else None,
                                     job.vae, job.verbose, loading=job.loading, fp8=job.fp8)
     load_s = time.perf_counter() - start
-    result = engine.generate(job.request, output_type="np", show_progress=mesh.is_output_rank)
+    with warnings.catch_warnings():  # the CLI warned about unknown words before the ranks started
+        warnings.simplefilter("ignore", UnknownWordsWarning)
+        result = engine.generate(job.request, output_type="np", show_progress=mesh.is_output_rank)
     if mesh.is_output_rank:
         s = result.seconds
         if engine.info.is_video:  # [N, F, H, W, 3]

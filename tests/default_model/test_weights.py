@@ -84,9 +84,12 @@ def test_saved_tokenizers_match_the_code_that_trained_the_model(pipe):
     # The caption embeddings used in training come from components.clip_tokenizer /
     # t5_tokenizer; the saved ones must give the same ids (a tokenizer whose ids vary
     # between processes once broke prompt following silently).
+    import json
+
     from default_model import components as C
 
-    clip, t5 = C.clip_tokenizer(), C.t5_tokenizer()
+    grammar = json.loads((WEIGHTS / "vocabulary.json").read_text())["grammar"]  # what the weights were trained on
+    clip, t5 = C.clip_tokenizer(grammar), C.t5_tokenizer(grammar)
     for prompt in D.EVAL_PROMPTS[:10] + ("",):
         assert pipe.tokenizer(prompt).input_ids == clip(prompt).input_ids
         assert pipe.tokenizer_2(prompt).input_ids == t5(prompt).input_ids

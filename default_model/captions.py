@@ -1,0 +1,204 @@
+"""Caption grammars of the default model: the words each knows, the natural training captions, and the
+evaluation-only paraphrases.
+
+Two grammars:
+  fixed    what the first release was trained on: "one red circle on the left on a white background"
+  natural  the same scenes said as people say them (issue 18): articles for one ("a", "an", "one",
+           "a single", "1"), number words or digits, optional position phrase (a single shape with none
+           is a shape somewhere), optional background phrase (none: any background), the background
+           first ("on a black background, three yellow triangles"), case and punctuation.
+
+A caption's *template* (`template_of`) is what stays when the colour, shape and background words are
+taken out and case and punctuation dropped (the tokenizers drop them too): the phrase order and
+the count form. The training sampler draws from TRAINING_TEMPLATES only; PARAPHRASED_PROMPTS uses
+other templates (position first, position after the background, a digit after a leading background)
+on the held-out (colour, shape) pairs, so it measures rewording the model never saw, on pairs it
+never saw.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import dataset as D
+
+GRAMMARS = ("fixed", "natural")
+FUNCTION_WORDS = ("on", "the", "at", "in", "a", "background")
+NATURAL_WORDS = ("an", "single", "1", "2", "3")  # the natural grammar's words beyond the fixed one's
+
+# How a count is said: single shapes in 4 forms, groups as a word or a digit.
+ONE_FORMS = ("article", "one", "single", "digit")
+GROUP_FORMS = ("word", "digit")
+# Phrase orders: N = count colour shape, P = position (single shapes), B = background.
+TRAINING_ORDERS = ("N", "NP", "NB", "NPB", "B,N", "B,NP")
+CASES = ("lower", "sentence", "upper", "title")
+CASE_WEIGHTS = (0.6, 0.25, 0.07, 0.08)
+
+
+def vocabulary(grammar: str = "fixed") -> list[str]:
+    """The tokenizer words of `grammar` (plural 's' is its own piece), in a fixed order: the fixed
+    grammar's words first, so the natural tokenizers keep every earlier word."""
+    words = D.vocabulary()
+    if grammar == "natural":
+        words += list(NATURAL_WORDS)
+    elif grammar != "fixed":
+        raise ValueError(f"unknown grammar {grammar!r}: one of {GRAMMARS}")
+    return words
+
+
+def known_words(grammar: str) -> dict:
+    """What `grammar` lets a prompt say, by kind, and every word it uses (plurals included): the content
+    of a model folder's vocabulary.json (meshdit's unknown-word warning reads it)."""
+    counts = list(D.COUNT_WORDS.values()) + (["a", "an", "single", "1", "2", "3"] if grammar == "natural" else [])
+    return {
+        "grammar": grammar,
+        "colours": list(D.COLOURS),
+        "shapes": list(D.SHAPES),
+        "counts": counts,
+        "positions": [D.POSITION_PHRASES[p] for p in D.POSITIONS],
+        "backgrounds": [f"on a {b} background" for b in D.BACKGROUNDS],
+        "example": D.Scene("red", "circle", 2, None, "white").caption,
+        "words": sorted(set(vocabulary(grammar)) | {s + "s" for s in D.SHAPES}),
+        # The fixed grammar's T5 tokenizer has lower-case pieces only; the natural one reads any case and , .
+        "reads_case_and_punctuation": grammar == "natural",
+    }
+
+
+def write_vocabulary(folder, grammar: str) -> None:
+    """vocabulary.json of a model folder trained on `grammar` (read by meshdit.prompt_vocabulary)."""
+    import json
+    from pathlib import Path
+
+    text = json.dumps(known_words(grammar), indent=1) + "\n"
+    (Path(folder) / "vocabulary.json").write_text(text, encoding="utf-8")
+
+
+# ---------------------------------------------------------------- natural captions
+
+
+def _count_phrase(scene: D.Scene, form: str) -> str:
+    if scene.count > 1:
+        return str(scene.count) if form == "digit" else D.COUNT_WORDS[scene.count]
+    if form == "article":
+        return "an" if scene.colour[0] in "aeiou" else "a"
+    return {"one": "one", "single": "a single", "digit": "1"}[form]
+
+
+def _noun_phrase(scene: D.Scene, form: str) -> str:
+    noun = scene.shape + ("s" if scene.count > 1 else "")
+    return f"{_count_phrase(scene, form)} {scene.colour} {noun}"
+
+
+def _apply_case(text: str, case: str) -> str:
+    if case == "sentence":
+        return text[0].upper() + text[1:]
+    if case == "upper":
+        return text.upper()
+    if case == "title":
+        return " ".join(w[0].upper() + w[1:] for w in text.split(" "))
+    return text
+
+
+def say(scene: D.Scene, order: str, form: str, case: str = "lower", period: bool = False, comma: bool = True) -> str:
+    """`scene` in the phrase order `order` (letters N, P, B; "," after a leading phrase)."""
+    phrases = {"N": _noun_phrase(scene, form),
+               "P": D.POSITION_PHRASES[scene.position] if scene.position else "",
+               "B": f"on a {scene.background} background" if scene.background else ""}
+    parts, text = [p for p in order.split(",")], []
+    for i, part in enumerate(parts):
+        chunk = " ".join(phrases[c] for c in part)
+        text.append(chunk + ("," if comma and i < len(parts) - 1 else ""))
+    out = _apply_case(" ".join(text), case)
+    return out + ("." if period else "")
+
+
+def natural_caption(scene: D.Scene, rng: np.random.Generator) -> str:
+    """A natural caption of an image showing `scene` (every field set): the position is said 60 % of the
+    time, the background 70 %, so the model learns that what a caption leaves out can be anything."""
+    position = scene.position if scene.count == 1 and rng.random() < 0.6 else None
+    background = scene.background if rng.random() < 0.7 else None
+    said = D.Scene(scene.colour, scene.shape, scene.count, position, background)
+    form = (ONE_FORMS if scene.count == 1 else GROUP_FORMS)[rng.integers(2 if scene.count > 1 else 4)]
+    orders = [o for o in TRAINING_ORDERS if ("P" in o) == (position is not None) and ("B" in o) == (background is not None)]
+    if form == "digit":  # a digit never follows a leading background in training (kept for PARAPHRASED_PROMPTS)
+        orders = [o for o in orders if not o.startswith("B")]
+    order = orders[rng.integers(len(orders))]
+    case = CASES[rng.choice(len(CASES), p=CASE_WEIGHTS)]
+    return say(said, order, form, case, period=rng.random() < 0.3, comma=rng.random() < 0.8)
+
+
+def sample_training_caption(rng: np.random.Generator) -> tuple[D.Scene, str]:
+    """(scene of the image, its natural caption) from the training split."""
+    scene = D.sample_scene(rng)
+    return scene, natural_caption(scene, rng)
+
+
+def template_of(caption: str) -> str:
+    """The caption's template: colour -> C, shape -> S, background phrase -> B, position phrase -> P,
+    the count form kept; case and punctuation dropped (the tokenizers drop them)."""
+    words = D.prompt_words(caption)
+    text = " " + " ".join(words) + " "
+    for bg in D.BACKGROUNDS:
+        text = text.replace(f" on a {bg} background ", " B ")
+    for phrase in D.POSITION_PHRASES.values():
+        text = text.replace(f" {phrase} ", " P ")
+    out = []
+    for w in text.split():
+        if w in D.COLOURS:
+            w = "C"
+        elif w in D.SHAPES or (w.endswith("s") and w[:-1] in D.SHAPES):
+            w = "S" if w in D.SHAPES else "Ss"
+        elif w == "an":  # the article's form follows the colour word, not the template
+            w = "a"
+        elif w in ("two", "three"):
+            w = "n"
+        elif w in ("2", "3"):
+            w = "d"
+        out.append(w)
+    return " ".join(out)
+
+
+def training_templates() -> set[str]:
+    """Every template the training sampler can produce (enumerated, not sampled)."""
+    out = set()
+    for count, position in D.LAYOUTS:
+        for bg in (None, "white"):
+            for pos in ({position, None} if position else {None}):
+                scene = D.Scene("red", "circle", count, pos, bg)
+                for form in (ONE_FORMS if count == 1 else GROUP_FORMS):
+                    for order in TRAINING_ORDERS:
+                        if ("P" in order) != (pos is not None) or ("B" in order) != (bg is not None):
+                            continue
+                        if form == "digit" and order.startswith("B"):
+                            continue
+                        out.add(template_of(say(scene, order, form)))
+    return out
+
+
+# ---------------------------------------------------------------- evaluation-only paraphrases
+
+# Single shapes: the position first, or after the background; groups: a digit after a leading background.
+PARAPHRASE_ORDERS_SINGLE = ("P,NB", "P,N", "NBP", "B,P,N")
+PARAPHRASE_CASES = ("sentence", "lower", "lower", "sentence")
+
+
+def _paraphrased_prompts() -> tuple[str, ...]:
+    # Every held-out pair with every layout (8 x 7 = 56), like EVAL_PROMPTS; orders, count forms,
+    # backgrounds and case cycle so each appears with every position. Fixed, no randomness.
+    bgs = list(D.BACKGROUNDS)
+    out = []
+    for i, (c, s) in enumerate(sorted(D.HELD_OUT_PAIRS)):
+        for j, (n, p) in enumerate(D.LAYOUTS):
+            k = i + j
+            bg = bgs[k % len(bgs)]
+            if n == 1:
+                order = PARAPHRASE_ORDERS_SINGLE[k % len(PARAPHRASE_ORDERS_SINGLE)]
+                scene = D.Scene(c, s, n, p, bg if "B" in order else None)
+                text = say(scene, order, ONE_FORMS[k % len(ONE_FORMS)], PARAPHRASE_CASES[k % 4], period=k % 3 == 0)
+            else:
+                text = say(D.Scene(c, s, n, None, bg), "B,N", "digit", PARAPHRASE_CASES[k % 4], period=k % 3 == 0)
+            out.append(text)
+    return tuple(out)
+
+
+PARAPHRASED_PROMPTS: tuple[str, ...] = _paraphrased_prompts()

@@ -1,0 +1,269 @@
+"""Continue training the bundled model on natural captions at 256-512 px (issue 18), time-boxed and
+resumable across sessions.
+
+    python -m default_model.finetune --init-from meshdit/default_model/weights \
+        --checkpoint default_model/checkpoints/natural --minutes 60 --plan-minutes 240 --threads 2 \
+        --save meshdit/default_model/weights
+
+Each run does what is not done yet, in order:
+  start     (once) the init folder's transformer, VAE and text encoders; natural-grammar tokenizers, the
+            text encoders extended to them (components.extend_text_encoders: old captions read exactly as
+            before, case ignored); written to CHECKPOINT with a fresh optimizer at step 0
+  latents   (once per size, cached in --cache, not committed: deterministic, rebuilt in minutes) images of
+            training scenes at every size of --images, encoded by the frozen VAE (posterior mean)
+  train     --minutes of training, resumed from CHECKPOINT/state.pt: every step draws one size, a batch of
+            its latents (fewer at larger sizes: about the same tokens per step), and for each image a new
+            caption (captions.natural_caption; --fixed-share of them the fixed caption, 10 % empty for CFG).
+            The learning rate follows one cosine over --plan-minutes of training time, counted across runs,
+            so four 60-minute sessions make one 240-minute schedule. Checkpoints every --save-every minutes.
+  save      (with --save DIR) the EMA transformer as a FluxPipeline folder with the natural tokenizers,
+            the extended text encoders and vocabulary.json
+
+CHECKPOINT holds what a later session needs and can be committed (~40 MB: model, EMA, Adam moments,
+text encoders, VAE); the latent cache is rebuilt from seeds when missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import captions as K
+from . import components as C
+from . import dataset as D
+from .train import encode_captions, log, rectified_flow_loss, to_tensor
+
+GRAMMAR = "natural"
+DEFAULT_IMAGES = "256:6000,320:1500,384:1500,448:1500,512:3000"  # size:count of the latent cache
+SIZE_WEIGHTS = {256: 0.4, 320: 0.1, 384: 0.1, 448: 0.1, 512: 0.3}  # share of steps per size (others: 0.1)
+BASE_BATCH = 16  # images per step at 256 px; a size s gets about 16 * (256 / s)^2 (same tokens)
+SCENE_FIELDS = ("colour", "shape", "count", "position", "background")
+
+
+def parse_images(text: str) -> dict[int, int]:
+    sizes = {int(s): int(n) for s, n in (part.split(":") for part in text.split(","))}
+    if any(s % 16 for s in sizes):
+        raise SystemExit(f"--images sizes must be multiples of 16 (FluxPipeline packs 2x2 latents): {sorted(sizes)}")
+    return sizes
+
+
+def batch_for(size: int, base: int = BASE_BATCH) -> int:
+    return max(2, round(base * (256 / size) ** 2))
+
+
+# ---------------------------------------------------------------- start
+
+
+def start(init: Path, ckpt: Path, seed: int, plan_minutes: float) -> None:
+    """CHECKPOINT from the init folder: frozen VAE and extended text encoders, the transformer at step 0."""
+    from diffusers import AutoencoderKL, FluxTransformer2DModel
+    from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
+
+    ckpt.mkdir(parents=True, exist_ok=True)
+    old_tok = AutoTokenizer.from_pretrained(init, subfolder="tokenizer"), AutoTokenizer.from_pretrained(
+        init, subfolder="tokenizer_2")
+    clip = CLIPTextModel.from_pretrained(init, subfolder="text_encoder")
+    t5 = T5EncoderModel.from_pretrained(init, subfolder="text_encoder_2")
+    clip, t5 = C.extend_text_encoders(clip, t5, *old_tok, C.clip_tokenizer(GRAMMAR), C.t5_tokenizer(GRAMMAR),
+                                      seed=seed + 1)
+    clip.save_pretrained(ckpt / "text_encoder")
+    t5.save_pretrained(ckpt / "text_encoder_2")
+    AutoencoderKL.from_pretrained(init, subfolder="vae").save_pretrained(ckpt / "vae")
+    transformer = FluxTransformer2DModel.from_pretrained(init, subfolder="transformer")
+    transformer.save_pretrained(ckpt / "transformer")  # the EMA weights, rewritten at every checkpoint
+    weights = transformer.state_dict()
+    torch.save({"model": weights, "ema": weights, "opt": None, "step": 0, "trained_s": 0.0,
+                "plan_minutes": plan_minutes, "init": str(init)}, ckpt / "state.pt")
+    log(f"started {ckpt} from {init}")
+
+
+# ---------------------------------------------------------------- latents
+
+
+@torch.no_grad()
+def make_latents(ckpt: Path, cache: Path, images: dict[int, int], seed: int) -> None:
+    """cache/latents-{size}.pt per size: z [N, 4, s/8, s/8] and the scenes the images show."""
+    from diffusers import AutoencoderKL
+
+    cache.mkdir(parents=True, exist_ok=True)
+    vae = AutoencoderKL.from_pretrained(ckpt / "vae").eval()
+    for size, n in images.items():
+        path = cache / f"latents-{size}.pt"
+        if path.exists() and torch.load(path)["z"].shape[0] == n:
+            continue
+        t0, rng = time.time(), np.random.default_rng([seed, size, 7])
+        zs, scenes = [], []
+        for start_i in range(0, n, 16):
+            batch = []
+            for _ in range(min(16, n - start_i)):
+                scene = D.sample_scene(rng)
+                batch.append(D.render(scene, size=size, seed=int(rng.integers(2**31))))
+                scenes.append([getattr(scene, f) for f in SCENE_FIELDS])
+            zs.append(vae.encode(to_tensor(batch)).latent_dist.mean)
+        torch.save({"z": torch.cat(zs), "scenes": scenes}, path)
+        log(f"encoded {n} images at {size}px ({time.time() - t0:.0f}s)")
+
+
+def load_latents(cache: Path, images: dict[int, int]) -> dict[int, dict]:
+    data = {}
+    for size in images:
+        d = torch.load(cache / f"latents-{size}.pt")
+        d["scenes"] = [D.Scene(*s) for s in d["scenes"]]
+        data[size] = d
+    return data
+
+
+# ---------------------------------------------------------------- train
+
+
+def caption_batch(scenes: list[D.Scene], rng: np.random.Generator, fixed_share: float, drop: float) -> list[str]:
+    out = []
+    for scene in scenes:
+        u = rng.random()
+        out.append("" if u < drop else scene.caption if u < drop + fixed_share else K.natural_caption(scene, rng))
+    return out
+
+
+def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed: int, lr: float,
+          fixed_share: float, save_every: float, drop: float = 0.1, obj_weight: float = 4.0,
+          ema_decay: float = 0.995, base_batch: int = BASE_BATCH) -> bool:
+    """Trains for `minutes` (or what is left of the plan); returns True once the plan is complete."""
+    from diffusers import AutoencoderKL, FluxTransformer2DModel
+    from transformers import CLIPTextModel, T5EncoderModel
+
+    state = torch.load(ckpt / "state.pt")
+    plan_s, trained0, step0 = state["plan_minutes"] * 60, state["trained_s"], state["step"]
+    budget = min(minutes * 60, plan_s - trained0)
+    if budget <= 0:
+        log(f"plan of {state['plan_minutes']} min complete at step {step0}")
+        return True
+    torch.manual_seed(seed * 1_000_003 + step0)  # a resumed run draws new noise, reproducibly
+    rng = np.random.default_rng([seed, step0])
+    model = FluxTransformer2DModel.from_config(FluxTransformer2DModel.load_config(ckpt / "transformer"))
+    ema = FluxTransformer2DModel.from_config(model.config)
+    model.load_state_dict(state["model"])
+    ema.load_state_dict(state["ema"])
+    ema.requires_grad_(False)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.99))
+    if state["opt"] is not None:
+        opt.load_state_dict(state["opt"])
+    vae_config = AutoencoderKL.load_config(ckpt / "vae")
+    shift, scale = vae_config["shift_factor"], vae_config["scaling_factor"]  # as the init model was trained
+    clip = CLIPTextModel.from_pretrained(ckpt / "text_encoder").eval()
+    t5 = T5EncoderModel.from_pretrained(ckpt / "text_encoder_2").eval()
+    tokenizers = C.clip_tokenizer(GRAMMAR), C.t5_tokenizer(GRAMMAR)
+    data = load_latents(cache, images)
+    sizes = sorted(data)
+    probs = np.array([SIZE_WEIGHTS.get(s, 0.1) for s in sizes])
+    probs /= probs.sum()
+    log(f"training from step {step0} ({trained0 / 60:.1f} of {plan_s / 60:.0f} min done) for {budget / 60:.1f} min; "
+        f"sizes {sizes}, batches {[batch_for(s, base_batch) for s in sizes]}")
+
+    t0, step, avg, last_save, done_s = time.time(), 0, None, time.time(), 0.0  # done_s: training time, saves excluded
+
+    def save() -> None:  # EMA weights for the pipeline; full state to resume (temp file + rename)
+        ema.save_pretrained(ckpt / "transformer")
+        torch.save({**state, "model": model.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(),
+                    "step": step0 + step, "trained_s": trained0 + done_s}, ckpt / "state.pt.tmp")
+        (ckpt / "state.pt.tmp").replace(ckpt / "state.pt")
+
+    while done_s < budget:
+        elapsed = time.time() - t0
+        frac = (trained0 + elapsed) / plan_s
+        warm = min(1.0, (step0 + step + 1) / 100)  # the optimizer starts fresh: 100 warmup steps
+        cur_lr = lr * warm * 0.5 * (1 + math.cos(math.pi * frac))
+        for g in opt.param_groups:
+            g["lr"] = cur_lr
+        size = int(rng.choice(sizes, p=probs))
+        idx = rng.integers(0, len(data[size]["scenes"]), size=batch_for(size, base_batch))
+        x0 = (data[size]["z"][torch.from_numpy(idx)] - shift) * scale  # [B, 4, s/8, s/8]
+        texts = caption_batch([data[size]["scenes"][i] for i in idx], rng, fixed_share, drop)
+        seq, pooled = encode_captions(clip, tokenizers[0], t5, tokenizers[1], texts)  # [B, 32, 64], [B, 64]
+        loss = rectified_flow_loss(model, x0, seq, pooled, obj_weight)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        with torch.no_grad():
+            for pe, pm in zip(ema.parameters(), model.parameters()):
+                pe.lerp_(pm, 1 - ema_decay)
+        avg = loss.item() if avg is None else 0.98 * avg + 0.02 * loss.item()
+        step += 1
+        done_s = time.time() - t0
+        if step % 25 == 0:
+            log(f"step {step0 + step} loss {avg:.4f} lr {cur_lr:.2e} ({(trained0 + elapsed) / 60:.1f} min)")
+        if time.time() - last_save > save_every * 60:
+            pause = time.time()
+            save()
+            t0 += time.time() - pause  # saving is not training time
+            last_save = time.time()
+    save()
+    log(f"trained {step} steps in {done_s:.0f}s, loss {avg:.4f}; checkpoint at step {step0 + step}")
+    with open(ckpt / "steps.txt", "a") as f:
+        f.write(f"steps {step0}-{step0 + step} {done_s:.0f}s loss {avg:.5f}\n")
+    return trained0 + done_s >= plan_s
+
+
+# ---------------------------------------------------------------- save
+
+
+def save_pipeline(ckpt: Path, out: Path) -> None:
+    from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextModel, T5EncoderModel
+
+    pipe = FluxPipeline(
+        scheduler=C.scheduler(),
+        vae=AutoencoderKL.from_pretrained(ckpt / "vae"),
+        text_encoder=CLIPTextModel.from_pretrained(ckpt / "text_encoder"),
+        tokenizer=C.clip_tokenizer(GRAMMAR),
+        text_encoder_2=T5EncoderModel.from_pretrained(ckpt / "text_encoder_2"),
+        tokenizer_2=C.t5_tokenizer(GRAMMAR),
+        transformer=FluxTransformer2DModel.from_pretrained(ckpt / "transformer"),
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("tokenizer", "tokenizer_2"):  # save_pretrained adds files; old tokenizer files must not stay
+        shutil.rmtree(out / stale, ignore_errors=True)
+    pipe.save_pretrained(out)
+    K.write_vocabulary(out, GRAMMAR)
+    log(f"saved pipeline to {out}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--init-from", type=Path, default=Path("meshdit/default_model/weights"),
+                    help="pipeline folder to continue from (used once, when CHECKPOINT is new)")
+    ap.add_argument("--checkpoint", type=Path, default=Path("default_model/checkpoints/natural"))
+    ap.add_argument("--cache", type=Path, default=None, help="latent cache (default: CHECKPOINT.cache)")
+    ap.add_argument("--images", default=DEFAULT_IMAGES, help="size:count,... of the latent cache")
+    ap.add_argument("--minutes", type=float, default=60.0, help="training time of this run")
+    ap.add_argument("--plan-minutes", type=float, default=240.0,
+                    help="training time of the whole schedule, over all runs (fixed when CHECKPOINT is new)")
+    ap.add_argument("--save-every", type=float, default=10.0, help="minutes between checkpoints")
+    ap.add_argument("--lr", type=float, default=2.5e-4, help="peak rate (the last segment of the first training's)")
+    ap.add_argument("--fixed-share", type=float, default=0.2, help="captions in the fixed grammar (keeps the 56)")
+    ap.add_argument("--save", type=Path, default=None, help="write the pipeline folder here after training")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    images = parse_images(args.images)
+    cache = args.cache or args.checkpoint.with_name(args.checkpoint.name + ".cache")
+    t0 = time.time()
+    if not (args.checkpoint / "state.pt").exists():
+        start(args.init_from, args.checkpoint, args.seed, args.plan_minutes)
+    make_latents(args.checkpoint, cache, images, args.seed)
+    if args.minutes > 0:
+        train(args.checkpoint, cache, images, args.minutes, args.seed, args.lr, args.fixed_share, args.save_every)
+    if args.save:
+        save_pipeline(args.checkpoint, args.save)
+    log(f"total {time.time() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

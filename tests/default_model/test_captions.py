@@ -1,0 +1,89 @@
+"""The natural caption grammar: what the training sampler says, what it never says, and the paraphrase set."""
+import re
+
+import numpy as np
+import pytest
+
+from default_model import captions as K
+from default_model import dataset as D
+
+N_SAMPLES = 6000
+
+
+@pytest.fixture(scope="module")
+def sampled():
+    rng = np.random.default_rng(0)
+    return [K.sample_training_caption(rng) for _ in range(N_SAMPLES)]
+
+
+def _norm(caption: str) -> str:
+    return " ".join(D.prompt_words(caption))
+
+
+def test_training_sampler_never_says_a_held_out_pair_or_prompt(sampled):
+    held_out = {_norm(p) for p in D.EVAL_PROMPTS + K.PARAPHRASED_PROMPTS}
+    for scene, caption in sampled:
+        said = D.parse_prompt(caption)
+        assert (said.colour, said.shape) not in D.HELD_OUT_PAIRS, caption
+        assert _norm(caption) not in held_out, caption
+        # what the caption says is what the image shows; what it leaves out is anything
+        assert (said.colour, said.shape, said.count) == (scene.colour, scene.shape, scene.count), caption
+        assert said.background in (None, scene.background) and said.position in (None, scene.position), caption
+
+
+def test_every_kind_of_variation_occurs(sampled):
+    captions = [c for _, c in sampled]
+    singles = [c for s, c in sampled if s.count == 1]
+    kinds = {
+        "article a": r"^(a|A) (?!single)", "article an": r"\b[Aa][Nn] ", "one": r"\b[Oo][Nn][Ee] ",
+        "a single": r"\b[Ss][Ii][Nn][Gg][Ll][Ee] ", "digit 1": r"^1 ", "number words": r"\b([Tt]wo|[Tt]hree|TWO|THREE) ",
+        "digits": r"^[23] ", "plural": r"[Ss] *[.,]?$|[Ss],", "background first": r"^[Oo][Nn] [Aa] \w+ [Bb]ackground",
+        "upper case": r"^[^a-z]+$", "sentence case": r"^[A-Z][a-z]", "title case": r"^[A-Z]\w* [A-Z][a-z]",
+        "comma": ",", "period": r"\.$",
+    }
+    for kind, pattern in kinds.items():
+        assert any(re.search(pattern, c) for c in captions), kind
+    assert any(D.parse_prompt(c).position is None for c in singles)  # a shape somewhere
+    assert any(D.parse_prompt(c).position is not None for c in singles)
+    assert any(D.parse_prompt(c).background is None for c in captions)  # any background
+    assert any(_norm(c) == _norm(s.caption) for s, c in sampled)  # the fixed caption is one of them
+
+
+def test_training_templates_are_what_the_sampler_draws(sampled):
+    assert {K.template_of(c) for _, c in sampled} == K.training_templates()
+
+
+def test_paraphrases_are_held_out_pairs_in_templates_training_never_uses():
+    prompts = K.PARAPHRASED_PROMPTS
+    assert len(prompts) >= 50 and len(set(prompts)) == len(prompts)
+    training = K.training_templates()
+    for p in prompts:
+        assert K.template_of(p) not in training, p
+        s = D.parse_prompt(p)
+        assert (s.colour, s.shape) in D.HELD_OUT_PAIRS
+    parsed = [D.parse_prompt(p) for p in prompts]
+    assert {(s.colour, s.shape) for s in parsed} == set(D.HELD_OUT_PAIRS)
+    assert {s.count for s in parsed} == {1, 2, 3} and {s.position for s in parsed} == set(D.POSITIONS) | {None}
+    words = set(K.known_words("natural")["words"])
+    assert all(w in words for p in prompts for w in D.prompt_words(p))
+
+
+def test_natural_tokenizers_and_extended_encoders_read_old_captions_as_before_and_ignore_case():
+    from transformers import CLIPTextModel, T5EncoderModel
+
+    from default_model import components as C
+    from default_model.train import encode_captions
+    from meshdit.default_model import weights_path
+
+    clip = CLIPTextModel.from_pretrained(weights_path(), subfolder="text_encoder")
+    t5 = T5EncoderModel.from_pretrained(weights_path(), subfolder="text_encoder_2")
+    old = C.clip_tokenizer("fixed"), C.t5_tokenizer("fixed")
+    new = C.clip_tokenizer("natural"), C.t5_tokenizer("natural")
+    clip2, t52 = C.extend_text_encoders(clip, t5, *old, *new)
+    captions = list(D.EVAL_PROMPTS[::4]) + [s.caption for s in D.all_scenes(held_out=False)[::37]]
+    before = encode_captions(clip, old[0], t5, old[1], captions)
+    for variant in (captions, [c.upper() for c in captions], [c.title() for c in captions]):
+        after = encode_captions(clip2, new[0], t52, new[1], variant)
+        assert all(bool((a == b).all()) for a, b in zip(before, after))
+    for text in ("On a black background, 3 YELLOW triangles.", "an orange circle", "a single red circle"):
+        assert "<unk>" not in new[1].convert_ids_to_tokens(new[1](text).input_ids)
