@@ -99,7 +99,7 @@ def decode(vae, latents: torch.Tensor, settings: VaeDecodeSettings | None = None
 
     latents: [B, C, h, w] already scaled/shifted as the pipeline would pass to vae.decode
     (for FLUX.2: after the pipeline's batch-norm inverse and unpatchify); for the video VAEs
-    (AutoencoderKLWan, -CogVideoX, -HunyuanVideo, -LTXVideo) [B, C, F, h, w], split along h too.
+    (AutoencoderKLWan, -CogVideoX, -HunyuanVideo, -HunyuanVideo15, -LTXVideo) [B, C, F, h, w], split along h too.
     vae_kwargs: passed on to vae.decode (LTX's timestep conditioning `temb`).
     group: ranks that share the work (None or size 1: local). With settings.parallel the
     latent is split into row bands over the group (or, when tiled, the tiles are shared
@@ -119,6 +119,10 @@ def decode(vae, latents: torch.Tensor, settings: VaeDecodeSettings | None = None
     if video and settings.parallel and settings.tiled:
         raise ConfigError(f"{type(vae).__name__}: a video VAE decodes either in bands over the ranks "
                           "(--use-parallel-vae) or in its own tiles (--vae-tile-*), not both; drop one of them.")
+    if type(vae).__name__ == "AutoencoderKLHunyuanVideo15" and settings.tiled and (
+            settings.tile_height != settings.tile_width):
+        raise ConfigError("AutoencoderKLHunyuanVideo15 tiles with square tiles (one overlap factor): set "
+                          "--vae-tile-height and --vae-tile-width to the same size.")
     if not video and settings.tile_frames is not None:
         raise ConfigError("--vae-tile-frames is for video VAEs (HunyuanVideo, LTX); drop it for an image VAE.")
     world = group_size(group)

@@ -78,7 +78,7 @@ class VaeDecodeSettings:
 IMAGE_VAE_CLASSES = ("AutoencoderKL", "AutoencoderKLFlux2")
 # The causal 3-D video VAEs (video_modules.py: band split; video_tiling.py: their own tiling).
 VIDEO_VAE_CLASSES = ("AutoencoderKLWan", "AutoencoderKLCogVideoX", "AutoencoderKLHunyuanVideo",
-                     "AutoencoderKLLTXVideo")
+                     "AutoencoderKLHunyuanVideo15", "AutoencoderKLLTXVideo")
 KNOWN_VAE_CLASSES = IMAGE_VAE_CLASSES + VIDEO_VAE_CLASSES
 KNOWN_UP_BLOCKS = ("UpDecoderBlock2D",)
 KNOWN_ACTIVATIONS = ("silu", "swish", "relu", "gelu", "mish")
@@ -120,6 +120,8 @@ def video_spatial_scale(vae_config: dict) -> int:
         return int(vae_config.get("scale_factor_spatial", 8))
     if cls == "AutoencoderKLHunyuanVideo":
         return int(vae_config.get("spatial_compression_ratio", 8))
+    if cls == "AutoencoderKLHunyuanVideo15":
+        return int(vae_config.get("spatial_compression_ratio", 16))
     if cls == "AutoencoderKLLTXVideo":
         return int(vae_config.get("spatial_compression_ratio") or vae_config.get("patch_size", 4) * 2 ** sum(
             vae_config.get("spatio_temporal_scaling", (True, True, True, False))))
@@ -130,6 +132,9 @@ def _check_video_settings(cls: str, vae_config: dict, settings: VaeDecodeSetting
     if settings.parallel and settings.tiled:
         raise ConfigError(f"{cls}: a video VAE decodes either in bands over the ranks (--use-parallel-vae) or in "
                           "its own tiles (--vae-tile-*), not both; drop one of them.")
+    if cls == "AutoencoderKLHunyuanVideo15" and settings.tiled and settings.tile_height != settings.tile_width:
+        raise ConfigError("AutoencoderKLHunyuanVideo15 tiles with square tiles (one overlap factor): set "
+                          "--vae-tile-height and --vae-tile-width to the same size.")
     if settings.parallel and cls == "AutoencoderKLLTXVideo" and any(vae_config.get("decoder_inject_noise") or ()):
         raise ConfigError("--use-parallel-vae: this LTX VAE injects random noise while decoding "
                           f"(vae/config.json decoder_inject_noise), which no split can reproduce; {plain}.")

@@ -1,6 +1,6 @@
 """What the band split knows about the causal 3-D video VAEs' own modules (diffusers 0.42.1).
 
-The video decoders (AutoencoderKLWan, -CogVideoX, -HunyuanVideo, -LTXVideo) are built from the
+The video decoders (AutoencoderKLWan, -CogVideoX, -HunyuanVideo, -HunyuanVideo15, -LTXVideo) are built from the
 same few kinds of parts as the image decoder, wrapped in their own classes:
 
 - causal 3-D convs: pad time on the past side only (zeros, replicated first frame, or frames
@@ -8,13 +8,14 @@ same few kinds of parts as the image decoder, wrapped in their own classes:
   themselves (zeros, replicate) before an unpadded Conv3d, or let the inner Conv3d pad them.
   Time is never split, so only their H padding matters: a halo of k_h // 2 rows. A cached
   chunk's rows sit at the same heights as the input's, so the cache gets the same halo.
-- per-pixel channel norms (Wan's RMS norm, LTX's RMSNorm / LayerNorm over channels): row-local.
-- nearest / duplicating upsamplers (Wan's nearest-exact 2x, DupUp3D, LTX's depth-to-space,
+- per-pixel channel norms (Wan's and HunyuanVideo 1.5's RMS norms, LTX's RMSNorm / LayerNorm over
+  channels): row-local.
+- nearest / duplicating upsamplers (Wan's nearest-exact 2x, DupUp3D, LTX's and HunyuanVideo 1.5's depth-to-space,
   CogVideoX's and HunyuanVideo's F.interpolate calls inside their own forwards): each output
   row comes from one input row of the same band.
 - attention over whole frames (Wan's mid block: per frame) or the whole latent video
   (HunyuanVideo's mid block: causal over frames, its mask built from the latent's height, so
-  the whole mid block runs gathered).
+  the whole mid block runs gathered; HunyuanVideo 1.5's attention block, which builds its own mask).
 """
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ from dataclasses import dataclass
 import torch.nn as nn
 from diffusers.models.autoencoders.autoencoder_kl_cogvideox import CogVideoXCausalConv3d
 from diffusers.models.autoencoders.autoencoder_kl_hunyuan_video import HunyuanVideoCausalConv3d, HunyuanVideoMidBlock3D
+from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import (HunyuanVideo15AttnBlock,
+                                                                         HunyuanVideo15CausalConv3d,
+                                                                         HunyuanVideo15RMS_norm)
 from diffusers.models.autoencoders.autoencoder_kl_ltx import LTXVideoCausalConv3d, LTXVideoResnetBlock3d
 from diffusers.models.autoencoders.autoencoder_kl_wan import (DupUp3D, WanAttentionBlock, WanCausalConv3d,
                                                               WanRMS_norm, WanUpsample)
@@ -59,7 +63,7 @@ def causal_conv(module: nn.Module) -> CausalConv | None:
     if isinstance(module, CogVideoXCausalConv3d):  # inner conv pads H (constant mode) or F.pad replicate does
         pad = module.time_causal_padding[2] if module.pad_mode == "replicate" else module.conv.padding[1]
         return CausalConv(_check(module, module.conv, pad), "conv_cache", True)
-    if isinstance(module, HunyuanVideoCausalConv3d):  # F.pad (replicate) of time_causal_padding, unpadded conv
+    if isinstance(module, (HunyuanVideoCausalConv3d, HunyuanVideo15CausalConv3d)):  # F.pad (replicate), unpadded conv
         if module.conv.padding != (0, 0, 0):
             raise ConfigError(f"parallel VAE decode: {module} pads twice; {_REFUSE_HINT}.")
         return CausalConv(_check(module, module.conv, module.time_causal_padding[2]), None, False)
@@ -70,7 +74,7 @@ def causal_conv(module: nn.Module) -> CausalConv | None:
 
 def runs_gathered(module: nn.Module) -> bool:
     """Modules that need whole frames (attention): run on the gathered latent, each rank keeps its rows."""
-    if isinstance(module, WanAttentionBlock):
+    if isinstance(module, (WanAttentionBlock, HunyuanVideo15AttnBlock)):
         return True
     # Its forward builds the causal attention mask from the height it sees: the whole block runs gathered.
     return isinstance(module, HunyuanVideoMidBlock3D) and any(a is not None for a in module.attentions)
@@ -83,7 +87,7 @@ def is_conditioning(module: nn.Module) -> bool:
 
 def is_row_local(module: nn.Module) -> bool:
     """Video leaves whose every output row comes from input rows of the same band (known usage only)."""
-    if isinstance(module, WanRMS_norm):
+    if isinstance(module, (WanRMS_norm, HunyuanVideo15RMS_norm)):
         return module.channel_first                   # F.normalize over channels, per pixel
     if isinstance(module, WanUpsample):
         factors = module.scale_factor if isinstance(module.scale_factor, tuple) else (module.scale_factor,) * 2

@@ -7,7 +7,8 @@ enable_tiling sets, from its settings, for one decode, and puts the VAE's own ba
 
 - tile_sample_min_height/width  = --vae-tile-height/--vae-tile-width (px; unset: the whole image)
 - tile_sample_stride_height/width = tile - --vae-tile-overlap   (CogVideoX: its overlap factor
-  tile_overlap_factor_* = overlap / tile, and tile_latent_min_* = tile / scale, as its enable_tiling)
+  tile_overlap_factor_* = overlap / tile, and tile_latent_min_* = tile / scale, as its enable_tiling;
+  HunyuanVideo 1.5: one tile_overlap_factor, so square tiles only)
 - tile_sample_min_num_frames = --vae-tile-frames, stride = tile frames - the temporal compression
   ratio (one latent frame shared, as diffusers' 16 / 12 default), use_framewise_decoding on.
 
@@ -26,7 +27,7 @@ TEMPORAL_TILING = ("AutoencoderKLHunyuanVideo", "AutoencoderKLLTXVideo")
 _SAVED = ("use_tiling", "use_framewise_decoding", "tile_sample_min_height", "tile_sample_min_width",
           "tile_sample_stride_height", "tile_sample_stride_width", "tile_sample_min_num_frames",
           "tile_sample_stride_num_frames", "tile_latent_min_height", "tile_latent_min_width",
-          "tile_overlap_factor_height", "tile_overlap_factor_width")
+          "tile_overlap_factor_height", "tile_overlap_factor_width", "tile_overlap_factor")
 
 
 def tiling_attributes(vae, settings: VaeDecodeSettings, height: int, width: int, scale: int) -> dict:
@@ -35,7 +36,10 @@ def tiling_attributes(vae, settings: VaeDecodeSettings, height: int, width: int,
     tile_h, tile_w = settings.tile_height or height, settings.tile_width or width
     attrs = dict(use_tiling=True, tile_sample_min_height=tile_h, tile_sample_min_width=tile_w)
     overlap = settings.tile_overlap
-    if name == "AutoencoderKLCogVideoX":   # overlap as a fraction of the tile; tiles in latent rows too
+    if name == "AutoencoderKLHunyuanVideo15":   # square tiles, one overlap factor (decoding.py checks square)
+        attrs.update(tile_latent_min_height=tile_h // scale, tile_latent_min_width=tile_w // scale,
+                     tile_overlap_factor=overlap / tile_h)
+    elif name == "AutoencoderKLCogVideoX":   # overlap as a fraction of the tile; tiles in latent rows too
         attrs.update(tile_latent_min_height=tile_h // scale, tile_latent_min_width=tile_w // scale,
                      tile_overlap_factor_height=overlap / tile_h if settings.tile_height else 0.0,
                      tile_overlap_factor_width=overlap / tile_w if settings.tile_width else 0.0)

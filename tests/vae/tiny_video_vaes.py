@@ -6,7 +6,8 @@ block attention where the class has one, so every kind of module the band split 
 from __future__ import annotations
 
 import torch
-from diffusers import AutoencoderKLCogVideoX, AutoencoderKLHunyuanVideo, AutoencoderKLLTXVideo, AutoencoderKLWan
+from diffusers import (AutoencoderKLCogVideoX, AutoencoderKLHunyuanVideo, AutoencoderKLHunyuanVideo15, AutoencoderKLLTXVideo,
+                       AutoencoderKLWan)
 
 _WAN = dict(base_dim=8, z_dim=4, dim_mult=[1, 2, 2], num_res_blocks=1, temperal_downsample=[False, True],
             scale_factor_spatial=4, scale_factor_temporal=2, latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
@@ -26,6 +27,10 @@ CONFIGS = {
         block_out_channels=(8, 16, 16), latent_channels=4, layers_per_block=1, norm_num_groups=4,
         temporal_compression_ratio=4, spatial_compression_ratio=4,
         down_block_types=("HunyuanVideoDownBlock3D",) * 3, up_block_types=("HunyuanVideoUpBlock3D",) * 3)),
+    # HunyuanVideo 1.5: RMS norms, depth-to-space upsamplers with shortcuts, causal attention block.
+    "HunyuanVideo15": (AutoencoderKLHunyuanVideo15, dict(
+        latent_channels=4, block_out_channels=(16, 16, 8), layers_per_block=1, spatial_compression_ratio=4,
+        temporal_compression_ratio=2)),
     # LTX: timestep-conditioned decoder, depth-to-space upsampler, patch size 2.
     "LTX": (AutoencoderKLLTXVideo, dict(
         latent_channels=4, block_out_channels=(8, 8, 8, 8), decoder_block_out_channels=(8, 8, 8, 8),
@@ -46,7 +51,7 @@ def build_video_vae(kind: str, seed: int = 0) -> torch.nn.Module:
             if isinstance(m, torch.nn.GroupNorm) and m.affine:
                 m.weight.add_(0.3 * torch.randn_like(m.weight))
                 m.bias.add_(0.3 * torch.randn_like(m.bias))
-            if type(m).__name__ == "WanRMS_norm":
+            if type(m).__name__ in ("WanRMS_norm", "HunyuanVideo15RMS_norm"):
                 m.gamma.add_(0.3 * torch.randn_like(m.gamma))
     return vae
 
