@@ -156,15 +156,15 @@ GENERATE_FLAGS = """--attention-backend --attention_backend --data-parallel-degr
 --pipefusion-parallel-degree --pipefusion_parallel_degree --prompt --prompt-file --prompt_file --ring-degree
 --ring_degree --seed --steps --text-encoder-device --text_encoder_device --ulysses-degree --ulysses_degree
 --use-cfg-parallel --use-fp8-gemms --use-parallel-vae --use_cfg_parallel --use_fp8_gemms --use_parallel_vae
---vae-tile-height --vae-tile-overlap --vae-tile-width --vae_tile_height --vae_tile_overlap --vae_tile_width
---verbose --warmup-steps --warmup_steps --width""".split()
+--vae-tile-frames --vae-tile-height --vae-tile-overlap --vae-tile-width --vae_tile_frames --vae_tile_height
+--vae_tile_overlap --vae_tile_width --verbose --warmup-steps --warmup_steps --width""".split()
 SERVE_FLAGS = """--api-key --data-parallel-degree --data_parallel_degree --dtype --guidance-scale --guidance_scale --height
 --host --max-batch-images --max-images --max-queue --max-sequence-length --max_sequence_length --model --no-batching
 --num-inference-steps --num-pipeline-patch --num_inference_steps --num_pipeline_patch --pipefusion-parallel-degree
 --pipefusion_parallel_degree --port --queue-timeout --request-timeout --ring-degree --ring_degree --steps
 --ulysses-degree --ulysses_degree --use-cfg-parallel --use-parallel-vae --use_cfg_parallel --use_parallel_vae
---vae-tile-height --vae-tile-overlap --vae-tile-width --vae_tile_height --vae_tile_overlap --vae_tile_width --verbose
---warmup-steps --warmup_steps --width""".split()
+--vae-tile-frames --vae-tile-height --vae-tile-overlap --vae-tile-width --vae_tile_frames --vae_tile_height
+--vae_tile_overlap --vae_tile_width --verbose --warmup-steps --warmup_steps --width""".split()
 
 
 def test_no_flag_users_have_disappears():

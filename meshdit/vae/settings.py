@@ -27,10 +27,14 @@ class VaeDecodeSettings:
     tile_overlap: int = flagged(
         64, flag="vae-tile-overlap", type=int, metavar="PX",
         help="tiled decode: pixels neighbouring tiles share, cross-faded linearly (default: 64)")
+    tile_frames: int | None = flagged(
+        None, flag="vae-tile-frames", type=int, metavar="N",
+        help="video VAEs with temporal tiling (HunyuanVideo, LTX): output frames per temporal tile; "
+             "neighbours share one latent frame (default: the VAE's own)")
 
     @property
     def tiled(self) -> bool:
-        return self.tile_height is not None or self.tile_width is not None
+        return self.tile_height is not None or self.tile_width is not None or self.tile_frames is not None
 
     def validate(self, scale: int = 8) -> None:
         """Raises ConfigError naming the fix. `scale`: the VAE's upsampling factor; 8 for every
@@ -38,7 +42,7 @@ class VaeDecodeSettings:
         sizes before any weights load; decode() checks again against the VAE it is given."""
         if not isinstance(self.parallel, bool):
             raise ConfigError(f"VAE parallel must be True or False, got {self.parallel!r}.")
-        for name in ("tile_height", "tile_width"):
+        for name in ("tile_height", "tile_width", "tile_frames"):
             value, flag = getattr(self, name), flag_text(VaeDecodeSettings, name)
             if value is None:
                 continue
@@ -71,7 +75,11 @@ class VaeDecodeSettings:
 
 
 # What the band split (patch_parallel.BandHooks) and the tiles (tiled.py) are known to handle.
-KNOWN_VAE_CLASSES = ("AutoencoderKL", "AutoencoderKLFlux2")
+IMAGE_VAE_CLASSES = ("AutoencoderKL", "AutoencoderKLFlux2")
+# The causal 3-D video VAEs (video_modules.py: band split; video_tiling.py: their own tiling).
+VIDEO_VAE_CLASSES = ("AutoencoderKLWan", "AutoencoderKLCogVideoX", "AutoencoderKLHunyuanVideo",
+                     "AutoencoderKLHunyuanVideo15", "AutoencoderKLLTXVideo")
+KNOWN_VAE_CLASSES = IMAGE_VAE_CLASSES + VIDEO_VAE_CLASSES
 KNOWN_UP_BLOCKS = ("UpDecoderBlock2D",)
 KNOWN_ACTIVATIONS = ("silu", "swish", "relu", "gelu", "mish")
 
@@ -90,6 +98,50 @@ def check_vae_config(vae_config: dict, settings: VaeDecodeSettings, height: int,
     if cls not in KNOWN_VAE_CLASSES:
         raise ConfigError(f"{what} supports the VAE classes {', '.join(KNOWN_VAE_CLASSES)}; this model's VAE is "
                           f"{cls!r} (vae/config.json): {plain}.")
+    if settings.tile_frames is not None and cls not in ("AutoencoderKLHunyuanVideo", "AutoencoderKLLTXVideo"):
+        flag = flag_text(VaeDecodeSettings, "tile_frames")
+        raise ConfigError(f"{flag}: the VAE {cls} has no temporal tiling (HunyuanVideo and LTX have); drop {flag}.")
+    if cls in VIDEO_VAE_CLASSES:
+        scale = video_spatial_scale(vae_config)
+        _check_video_settings(cls, vae_config, settings, plain)
+    else:
+        scale = _image_checks(vae_config, settings, plain)
+    settings.validate(scale)
+    for name, value in (("--height", height), ("--width", width)):
+        if value % scale:
+            raise ConfigError(f"{name} {value} is not a multiple of the VAE's upsampling factor {scale}: "
+                              f"use {max(scale, value // scale * scale)} or {(value // scale + 1) * scale}.")
+
+
+def video_spatial_scale(vae_config: dict) -> int:
+    """Output pixels per latent pixel of a video VAE, from its config.json (diffusers' defaults where unset)."""
+    cls = vae_config.get("_class_name")
+    if cls == "AutoencoderKLWan":
+        return int(vae_config.get("scale_factor_spatial", 8))
+    if cls == "AutoencoderKLHunyuanVideo":
+        return int(vae_config.get("spatial_compression_ratio", 8))
+    if cls == "AutoencoderKLHunyuanVideo15":
+        return int(vae_config.get("spatial_compression_ratio", 16))
+    if cls == "AutoencoderKLLTXVideo":
+        return int(vae_config.get("spatial_compression_ratio") or vae_config.get("patch_size", 4) * 2 ** sum(
+            vae_config.get("spatio_temporal_scaling", (True, True, True, False))))
+    return 2 ** (len(vae_config.get("block_out_channels", (128, 256, 256, 512))) - 1)   # CogVideoX
+
+
+def _check_video_settings(cls: str, vae_config: dict, settings: VaeDecodeSettings, plain: str) -> None:
+    if settings.parallel and settings.tiled:
+        raise ConfigError(f"{cls}: a video VAE decodes either in bands over the ranks (--use-parallel-vae) or in "
+                          "its own tiles (--vae-tile-*), not both; drop one of them.")
+    if cls == "AutoencoderKLHunyuanVideo15" and settings.tiled and settings.tile_height != settings.tile_width:
+        raise ConfigError("AutoencoderKLHunyuanVideo15 tiles with square tiles (one overlap factor): set "
+                          "--vae-tile-height and --vae-tile-width to the same size.")
+    if settings.parallel and cls == "AutoencoderKLLTXVideo" and any(vae_config.get("decoder_inject_noise") or ()):
+        raise ConfigError("--use-parallel-vae: this LTX VAE injects random noise while decoding "
+                          f"(vae/config.json decoder_inject_noise), which no split can reproduce; {plain}.")
+
+
+def _image_checks(vae_config: dict, settings: VaeDecodeSettings, plain: str) -> int:
+    """The image VAE's checks; returns its upsampling factor."""
     up_blocks = list(vae_config.get("up_block_types") or ["UpDecoderBlock2D"] * 4)
     unknown = sorted(set(up_blocks) - set(KNOWN_UP_BLOCKS))
     if settings.parallel and unknown:
@@ -99,12 +151,7 @@ def check_vae_config(vae_config: dict, settings: VaeDecodeSettings, height: int,
     if settings.parallel and act not in KNOWN_ACTIVATIONS:
         raise ConfigError(f"--use-parallel-vae does not know the VAE activation {act!r} (vae/config.json act_fn); "
                           f"{plain}.")
-    scale = 2 ** (len(up_blocks) - 1)   # one nearest-2x upsampler after every up block but the last
-    settings.validate(scale)
-    for name, value in (("--height", height), ("--width", width)):
-        if value % scale:
-            raise ConfigError(f"{name} {value} is not a multiple of the VAE's upsampling factor {scale}: "
-                              f"use {max(scale, value // scale * scale)} or {(value // scale + 1) * scale}.")
+    return 2 ** (len(up_blocks) - 1)   # one nearest-2x upsampler after every up block but the last
 
 
 def check_vae_of_model(model: str, settings: VaeDecodeSettings, height: int, width: int) -> None:
