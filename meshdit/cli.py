@@ -67,7 +67,6 @@ def generate_command(args) -> None:
     # Everything that can be checked without weights is checked here, before any rank starts.
     model, info, request = model_and_request(args)
     info.check_request(config, request)
-    info.check_vae(vae)  # video VAEs: no parallel or tiled decode yet
     warn_unknown_words(model, request.prompts)
     from .vae.settings import check_vae_of_model  # VAE checks from vae/config.json
     check_vae_of_model(model, vae, request.height, request.width)

@@ -39,7 +39,6 @@ class Engine:
         self.vae = vae or VaeDecodeSettings()
         self.vae.validate()
         self.info = ModelInfo.from_pipeline(pipe)
-        self.info.check_vae(self.vae)
         self.recipe = self.info.make_recipe(pipe)
         self.info.check_layout(self.mesh.config)  # the CLI's ConfigError, before any hook is installed
         self._parallel = parallelize(pipe, self.info.family.plan(), self.mesh, fp8)

@@ -45,6 +45,14 @@ def test_sequence_and_cfg_parallel_equal_one_process(run_ranks, layout):
     check(run_ranks(world(degrees), video_jobs.generate, "wan", degrees), reference("wan"))
 
 
+@pytest.mark.parametrize("layout", ["u2", "cfg2-u2"])
+def test_parallel_video_vae_decode_in_the_engine_equals_one_process(run_ranks, layout):
+    """--use-parallel-vae on a video model: the latents [B, C, F, h, w] decoded in row bands over the image
+    group (meshdit.vae; each VAE class on 2, 3 and 4 ranks in tests/vae/test_video_vae.py)."""
+    degrees = LAYOUTS[layout]
+    check(run_ranks(world(degrees), video_jobs.generate, "wan", degrees, vae=dict(parallel=True)), reference("wan"))
+
+
 def test_data_parallel_equals_one_process(run_ranks):
     prompts = ["a red cat", "a blue dog", "two green circles"]  # 3 videos over 2 groups
     degrees = dict(data_parallel_degree=2)

@@ -27,18 +27,21 @@ def request(name: str, prompts=None, steps: int = 2, seed: int = 3) -> GenerateR
                            extra={} if i2v else {"max_sequence_length": TEXT})
 
 
-def generate(name: str, layout: dict, prompts=None, steps: int = 2, fresh: bool = False):
+def generate(name: str, layout: dict, prompts=None, steps: int = 2, fresh: bool = False, vae: dict | None = None):
     """(transformer output at the first step [B, C, F, h, w], final video [N, F, H, W, 3], what parallelize
     installed on a second expert) over the mesh.
 
-    fresh: a pipeline built for this call (PipeFusion drops other stages' blocks for good)."""
+    fresh: a pipeline built for this call (PipeFusion drops other stages' blocks for good);
+    vae: VaeDecodeSettings fields (e.g. parallel=True: the video decoded in row bands over the image group)."""
+    from meshdit.vae import VaeDecodeSettings
+
     if fresh:
         pipe = tiny_pipeline(name)
     else:
         pipe = _PIPES.setdefault(name, tiny_pipeline(name))
     pipe.set_progress_bar_config(disable=True)
     config, settings = split_layout(layout)  # degrees; PipeFusion's warmup steps and patches (request fields)
-    engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None)
+    engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None, VaeDecodeSettings(**(vae or {})))
     try:
         req = replace(request(name, prompts, steps), **settings)
         out = None

@@ -154,13 +154,6 @@ class ModelInfo:
         if isinstance(request.image, str) and not os.path.isfile(request.image):  # (the API may pass a PIL image)
             raise ConfigError(f"--image {request.image!r}: no such file; pass the path of an image file.")
 
-    def check_vae(self, settings) -> None:
-        """Refuses VAE decode settings the model's VAE cannot take yet (parallel or tiled decode of videos)."""
-        if self.is_video and (settings.parallel or settings.tiled):
-            raise ConfigError("--use-parallel-vae and --vae-tile-height / --vae-tile-width are not yet for video "
-                              f"VAEs (this {self.pipeline_class} decodes videos): drop them; the video is decoded "
-                              "on one rank of each image group.")
-
     def runs_cfg(self, guidance_scale: float | None) -> bool:
         """Whether a generation runs two guidance branches (cond and uncond) per step."""
         if self.family.is_guidance_distilled(self.transformer_config):

@@ -40,13 +40,14 @@ class Parallelized:
                                   request.warmup_steps, request.patches(self.mesh.config), show_progress, on_step)
 
     def decode(self, vae, vae_input, settings, device) -> torch.Tensor:
-        """The decoded images [B, 3, H, W] on every rank of the image group (ranks that share the same images).
+        """The decoded images [B, 3, H, W] (videos [B, 3, F, H, W]) on every rank of the image group (ranks that
+        share the same images).
 
         vae_input() -> the latents as vae.decode takes them; called only on ranks that run the
         VAE (all of the group with parallel decode, else its rank 0, which sends the images on).
         """
         group = self.mesh.group("image")
-        image = _decode(vae, vae_input(), settings, group) if decodes_here(settings, group) else None
+        image = decode(vae, vae_input(), settings, group) if decodes_here(settings, group) else None
         return share_images(image, settings, group, device)
 
     def gather(self, image: torch.Tensor, batch_size: int) -> torch.Tensor:
@@ -67,12 +68,3 @@ class Parallelized:
         for handle in self.handles:
             handle.remove()
         self.handles = []
-
-
-def _decode(vae, latents: torch.Tensor, settings, group) -> torch.Tensor:
-    """meshdit.vae.decode for images; a video's latents [B, C, F, h, w] go to the VAE whole, on this rank
-    (ModelInfo.check_vae refused parallel and tiled decode for video VAEs before this runs)."""
-    if latents.dim() == 5:
-        with torch.no_grad():
-            return vae.decode(latents, return_dict=False)[0]  # [B, 3, F, H, W]
-    return decode(vae, latents, settings, group)
