@@ -2,7 +2,7 @@
 resumable across sessions.
 
     python -m default_model.finetune --init-from meshdit/default_model/weights \
-        --checkpoint default_model/checkpoints/natural --minutes 60 --plan-minutes 240 --threads 2 \
+        --checkpoint default_model/checkpoints/natural --minutes 60 --plan-steps 16000 --threads 2 \
         --save meshdit/default_model/weights
 
 Each run does what is not done yet, in order:
@@ -14,8 +14,10 @@ Each run does what is not done yet, in order:
   train     --minutes of training, resumed from CHECKPOINT/state.pt: every step draws one size, a batch of
             its latents (fewer at larger sizes: about the same tokens per step), and for each image a new
             caption (captions.natural_caption; --fixed-share of them the fixed caption, 10 % empty for CFG).
-            The learning rate follows one cosine over --plan-minutes of training time, counted across runs,
-            so four 60-minute sessions make one 240-minute schedule. Checkpoints every --save-every minutes.
+            The learning rate follows one cosine over --plan-steps optimizer steps, counted across runs, so
+            the schedule does not depend on how fast (or how loaded) each run's machine is: a run on a busy
+            machine, even one started at idle priority (`chrt -i 0`), makes fewer steps, not a shorter
+            schedule. Checkpoints every --save-every minutes.
   save      (with --save DIR) the EMA transformer as a FluxPipeline folder with the natural tokenizers,
             the extended text encoders and vocabulary.json
 
@@ -60,7 +62,7 @@ def batch_for(size: int, base: int = BASE_BATCH) -> int:
 # ---------------------------------------------------------------- start
 
 
-def start(init: Path, ckpt: Path, seed: int, plan_minutes: float) -> None:
+def start(init: Path, ckpt: Path, seed: int, plan_steps: int) -> None:
     """CHECKPOINT from the init folder: frozen VAE and extended text encoders, the transformer at step 0."""
     from diffusers import AutoencoderKL, FluxTransformer2DModel
     from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
@@ -79,7 +81,7 @@ def start(init: Path, ckpt: Path, seed: int, plan_minutes: float) -> None:
     transformer.save_pretrained(ckpt / "transformer")  # the EMA weights, rewritten at every checkpoint
     weights = transformer.state_dict()
     torch.save({"model": weights, "ema": weights, "opt": None, "step": 0, "trained_s": 0.0,
-                "plan_minutes": plan_minutes, "init": str(init)}, ckpt / "state.pt")
+                "plan_steps": plan_steps, "init": str(init)}, ckpt / "state.pt")
     log(f"started {ckpt} from {init}")
 
 
@@ -133,15 +135,15 @@ def caption_batch(scenes: list[D.Scene], rng: np.random.Generator, fixed_share: 
 def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed: int, lr: float,
           fixed_share: float, save_every: float, drop: float = 0.1, obj_weight: float = 4.0,
           ema_decay: float = 0.995, base_batch: int = BASE_BATCH) -> bool:
-    """Trains for `minutes` (or what is left of the plan); returns True once the plan is complete."""
+    """Trains for `minutes` of wall time or what is left of the plan's steps; True once the plan is complete."""
     from diffusers import AutoencoderKL, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5EncoderModel
 
     state = torch.load(ckpt / "state.pt")
-    plan_s, trained0, step0 = state["plan_minutes"] * 60, state["trained_s"], state["step"]
-    budget = min(minutes * 60, plan_s - trained0)
-    if budget <= 0:
-        log(f"plan of {state['plan_minutes']} min complete at step {step0}")
+    plan, trained0, step0 = state["plan_steps"], state["trained_s"], state["step"]
+    budget = minutes * 60
+    if step0 >= plan:
+        log(f"plan of {plan} steps complete")
         return True
     torch.manual_seed(seed * 1_000_003 + step0)  # a resumed run draws new noise, reproducibly
     rng = np.random.default_rng([seed, step0])
@@ -162,7 +164,7 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     sizes = sorted(data)
     probs = np.array([SIZE_WEIGHTS.get(s, 0.1) for s in sizes])
     probs /= probs.sum()
-    log(f"training from step {step0} ({trained0 / 60:.1f} of {plan_s / 60:.0f} min done) for {budget / 60:.1f} min; "
+    log(f"training from step {step0} of {plan} ({trained0 / 60:.1f} min trained) for up to {budget / 60:.1f} min; "
         f"sizes {sizes}, batches {[batch_for(s, base_batch) for s in sizes]}")
 
     t0, step, avg, last_save, done_s = time.time(), 0, None, time.time(), 0.0  # done_s: training time, saves excluded
@@ -173,9 +175,8 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
                     "step": step0 + step, "trained_s": trained0 + done_s}, ckpt / "state.pt.tmp")
         (ckpt / "state.pt.tmp").replace(ckpt / "state.pt")
 
-    while done_s < budget:
-        elapsed = time.time() - t0
-        frac = (trained0 + elapsed) / plan_s
+    while done_s < budget and step0 + step < plan:
+        frac = (step0 + step) / plan
         warm = min(1.0, (step0 + step + 1) / 100)  # the optimizer starts fresh: 100 warmup steps
         cur_lr = lr * warm * 0.5 * (1 + math.cos(math.pi * frac))
         for g in opt.param_groups:
@@ -197,7 +198,7 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
         step += 1
         done_s = time.time() - t0
         if step % 25 == 0:
-            log(f"step {step0 + step} loss {avg:.4f} lr {cur_lr:.2e} ({(trained0 + elapsed) / 60:.1f} min)")
+            log(f"step {step0 + step} loss {avg:.4f} lr {cur_lr:.2e} ({(trained0 + done_s) / 60:.1f} min)")
         if time.time() - last_save > save_every * 60:
             pause = time.time()
             save()
@@ -207,7 +208,7 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     log(f"trained {step} steps in {done_s:.0f}s, loss {avg:.4f}; checkpoint at step {step0 + step}")
     with open(ckpt / "steps.txt", "a") as f:
         f.write(f"steps {step0}-{step0 + step} {done_s:.0f}s loss {avg:.5f}\n")
-    return trained0 + done_s >= plan_s
+    return step0 + step >= plan
 
 
 # ---------------------------------------------------------------- save
@@ -242,8 +243,8 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=None, help="latent cache (default: CHECKPOINT.cache)")
     ap.add_argument("--images", default=DEFAULT_IMAGES, help="size:count,... of the latent cache")
     ap.add_argument("--minutes", type=float, default=60.0, help="training time of this run")
-    ap.add_argument("--plan-minutes", type=float, default=240.0,
-                    help="training time of the whole schedule, over all runs (fixed when CHECKPOINT is new)")
+    ap.add_argument("--plan-steps", type=int, default=16000,
+                    help="optimizer steps of the whole schedule, over all runs (fixed when CHECKPOINT is new)")
     ap.add_argument("--save-every", type=float, default=10.0, help="minutes between checkpoints")
     ap.add_argument("--lr", type=float, default=2.5e-4, help="peak rate (the last segment of the first training's)")
     ap.add_argument("--fixed-share", type=float, default=0.2, help="captions in the fixed grammar (keeps the 56)")
@@ -256,7 +257,7 @@ def main() -> None:
     cache = args.cache or args.checkpoint.with_name(args.checkpoint.name + ".cache")
     t0 = time.time()
     if not (args.checkpoint / "state.pt").exists():
-        start(args.init_from, args.checkpoint, args.seed, args.plan_minutes)
+        start(args.init_from, args.checkpoint, args.seed, args.plan_steps)
     make_latents(args.checkpoint, cache, images, args.seed)
     if args.minutes > 0:
         train(args.checkpoint, cache, images, args.minutes, args.seed, args.lr, args.fixed_share, args.save_every)

@@ -1,4 +1,4 @@
-"""Continued training: start from the bundled weights, resume across time-boxed runs on one schedule, save."""
+"""Continued training: start from the bundled weights, resume across time-boxed runs on one step schedule, save."""
 import json
 
 import numpy as np
@@ -21,18 +21,18 @@ def test_caption_batch_mixes_fixed_natural_and_empty_captions():
 def test_runs_resume_one_schedule_until_the_plan_is_spent_then_save(tmp_path):
     torch.set_num_threads(1)
     ckpt, cache, images = tmp_path / "ckpt", tmp_path / "cache", {256: 4, 512: 2}
-    F.start(weights_path(), ckpt, seed=0, plan_minutes=1.0)
+    F.start(weights_path(), ckpt, seed=0, plan_steps=10_000)
     F.make_latents(ckpt, cache, images, seed=0)
     assert torch.load(cache / "latents-512.pt")["z"].shape == (2, 4, 64, 64)
     run = dict(seed=0, lr=1e-4, fixed_share=0.2, save_every=10, base_batch=1)  # batches of 2: fast steps
     assert not F.train(ckpt, cache, images, minutes=0.01, **run)
     first = torch.load(ckpt / "state.pt")
     assert first["step"] > 0 and 0 < first["trained_s"] < 60 and first["opt"] is not None
-    # Leave 1.2 s of the plan: a long run trains only that, then the plan is complete.
-    torch.save({**first, "plan_minutes": first["trained_s"] / 60 + 0.02}, ckpt / "state.pt")
+    # Leave 3 steps of the plan: a long run trains only those, then the plan is complete.
+    torch.save({**first, "plan_steps": first["step"] + 3}, ckpt / "state.pt")
     assert F.train(ckpt, cache, images, minutes=10, **run)
     second = torch.load(ckpt / "state.pt")
-    assert second["step"] > first["step"] and first["trained_s"] + 1.2 <= second["trained_s"] < first["trained_s"] + 60
+    assert second["step"] == first["step"] + 3 and first["trained_s"] < second["trained_s"] < first["trained_s"] + 60
     assert F.train(ckpt, cache, images, minutes=10, **run)  # nothing left: no step
     assert torch.load(ckpt / "state.pt")["step"] == second["step"]
     F.save_pipeline(ckpt, tmp_path / "out")
