@@ -76,3 +76,38 @@ def test_the_server_batches_requests_only_where_the_scheduler_draws_no_noise(nam
     finally:
         engine.close()
     assert (first.batch_key == second.batch_key) is shared
+
+
+def test_http_threads_checking_prompt_lengths_leave_the_pipelines_text_encoding_padded():
+    """The server counts each request's tokens on HTTP threads while the rank loop encodes prompts: a fast
+    tokenizer's padding is state that every call sets, so on a shared tokenizer some encodings came out
+    unpadded (CI: a batch of 9- and 32-token embeddings that could not be joined). The counts use copies."""
+    import threading
+
+    from meshdit.config import ParallelConfig
+    from meshdit.default_model import weights_path
+    from meshdit.serve.schemas import ImageRequest
+    from meshdit.serve.server_state import ServerState, ServeSettings
+
+    state = ServerState(ServeSettings(str(weights_path()), ParallelConfig(), 64, 64, 2, 3.0, 32))
+    engine = engine_jobs.Engine.from_pretrained()
+    prompt, stop = "two red circles on a white background", threading.Event()
+
+    def count_tokens() -> None:
+        while not stop.is_set():
+            state.make_job(ImageRequest(prompt=prompt, size="64x64"))
+
+    try:
+        state.attach(engine)
+        threads = [threading.Thread(target=count_tokens) for _ in range(4)]
+        for t in threads:
+            t.start()
+        tokenizer = engine.pipe.tokenizer_2
+        lengths = {tokenizer([prompt, ""], padding="max_length", max_length=32, truncation=True,
+                             return_tensors="pt").input_ids.shape[1] for _ in range(1500)}
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        engine.close()
+    assert lengths == {32}
