@@ -246,8 +246,10 @@ def test_registry_defaults_equal_diffusers():
             assert family.default_guidance == call["guidance_scale"].default, pipeline_class
             if family.default_pixel_size:
                 assert family.default_pixel_size == (call["height"].default, call["width"].default), pipeline_class
-            if family.is_video:  # (fps is no pipeline argument: the rows hold the docs' export_to_video fps)
+            if family.is_video:  # (fps is no pipeline argument but LTX's frame_rate: else the docs' export fps)
                 assert family.default_num_frames == call["num_frames"].default, pipeline_class
+                if "frame_rate" in call:
+                    assert family.default_fps == call["frame_rate"].default, pipeline_class
 
 
 def test_a_fixed_text_length_refuses_another_max_sequence_length():

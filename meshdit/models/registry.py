@@ -76,9 +76,12 @@ class ModelFamily:
         return vae_scale_factor * int(patch)
 
     def temporal_patch(self, transformer_config: dict) -> int:
-        """Latent frames per token (1 where the patch is 2-D)."""
+        """Latent frames per token: a 3-D patch's first size (Wan), else patch_size_t (LTX; CogVideoX 1.5, None in
+        1.0), else 1."""
         patch = transformer_config.get("patch_size", 1)
-        return int(patch[0]) if isinstance(patch, (list, tuple)) and len(patch) == 3 else 1
+        if isinstance(patch, (list, tuple)) and len(patch) == 3:
+            return int(patch[0])
+        return int(transformer_config.get("patch_size_t") or 1)
 
     def num_blocks(self, transformer_config: dict) -> int:
         """Blocks PipeFusion can cut into stages (double- and single-stream blocks alike)."""
@@ -122,6 +125,11 @@ FAMILIES = (
                 max_sequence_length_fixed="added_kv_proj_dim", default_pixel_size=(480, 832),
                 default_num_frames=81, default_fps=16, image_to_video_pipelines=("WanImageToVideoPipeline",),
                 refused_pipeline_config={"expand_timesteps": "Wan 2.2 TI2V's per-token timesteps"}),
+    # LTX-Video text-to-video: T5 text through cross-attention (any length); the frame rate conditions the
+    # rotary positions, so default_fps is __call__'s frame_rate; tokens are VAE pixels x patch_size wide.
+    ModelFamily("ltx", "LTXVideoTransformer3DModel", ("LTXPipeline",), "meshdit.models.ltx", packed=False,
+                default_steps=50, default_guidance=3.0, default_max_sequence_length=128, default_pixel_size=(512, 704),
+                default_num_frames=161, default_fps=25, vae_temporal_factor_key="temporal_compression_ratio"),
 )
 
 

@@ -233,6 +233,25 @@ def tiny_wan_i2v_pipeline(seed: int = 0, layers: int = 2):
         image_encoder=encoder, transformer=transformer)
 
 
+def tiny_ltx_pipeline(seed: int = 0, layers: int = 2):
+    """LTX-Video text-to-video. Its VAE packs 8 x 8 pixels and upsamples space and time twice: tokens 32 pixels
+    wide (LTXPipeline asks for multiples of 32) and 4 frames deep (+1 for the first frame); its decoder is
+    timestep-conditioned (LTX 0.9.1+), so decoding draws the pipeline's decode noise and takes `temb`."""
+    from diffusers import AutoencoderKLLTXVideo, FlowMatchEulerDiscreteScheduler, LTXPipeline, LTXVideoTransformer3DModel
+
+    torch.manual_seed(seed)
+    transformer = LTXVideoTransformer3DModel(
+        in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=4, attention_head_dim=8,
+        cross_attention_dim=32, num_layers=layers, caption_channels=32).eval()
+    vae = AutoencoderKLLTXVideo(
+        latent_channels=8, block_out_channels=(8, 8, 8, 8), decoder_block_out_channels=(8, 8, 8, 8),
+        layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1, 1),
+        spatio_temporal_scaling=(True, True, False, False), decoder_spatio_temporal_scaling=(True, True, False, False),
+        timestep_conditioning=True, patch_size=8, patch_size_t=1).eval()
+    return LTXPipeline(scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True), vae=vae,
+                       text_encoder=t5_text_model(32), tokenizer=t5_tokenizer(), transformer=transformer)
+
+
 def sample_image(height: int = 48, width: int = 80):
     """A deterministic RGB picture for image-to-video tests (PIL)."""
     from PIL import Image
@@ -263,6 +282,7 @@ BUILDERS = {
     "wan": tiny_wan_pipeline,
     "wan22": lambda seed=0: tiny_wan_pipeline(seed, two_experts=True),
     "wan-i2v": tiny_wan_i2v_pipeline,
+    "ltx": tiny_ltx_pipeline,
     # four blocks, for four pipeline stages
     "flux-4blocks": lambda seed=0: tiny_flux_pipeline(seed, double=2, single=2),
     "flux2-4blocks": lambda seed=0: tiny_flux2_pipeline(seed, double=2, single=2),
@@ -273,6 +293,7 @@ BUILDERS = {
     "hunyuandit-4blocks": lambda seed=0: tiny_hunyuandit_pipeline(seed, layers=4, stochastic=False),
     "wan-4blocks": lambda seed=0: tiny_wan_pipeline(seed, layers=4),
     "wan-i2v-4blocks": lambda seed=0: tiny_wan_i2v_pipeline(seed, layers=4),
+    "ltx-4blocks": lambda seed=0: tiny_ltx_pipeline(seed, layers=4),
     # hidden 256 (4 heads x 64): Linear layers wide enough that FP8 scales and biases are a small overhead
     "flux-wide": lambda seed=0: tiny_flux_pipeline(seed, head_dim=64),
 }
