@@ -54,8 +54,17 @@ CASES = {
     "ltx-8fps": (lambda: tiny_pipeline("ltx"),
                  dict(prompt=PROMPT, guidance_scale=3.0, num_frames=9, frame_rate=8, max_sequence_length=TEXT), 3.0,
                  {}),
+    # CogVideoX: 5B-shaped (rotary), 2B-shaped (sin-cos table: exactly 226 text tokens), the 5B's DPM scheduler
+    "cogvideox": (lambda: tiny_pipeline("cogvideox"),
+                  dict(prompt=PROMPT, guidance_scale=6.0, num_frames=5, max_sequence_length=TEXT), 6.0, {}),
+    "cogvideox-sincos": (lambda: tiny_pipeline("cogvideox-sincos"),
+                         dict(prompt=PROMPT, guidance_scale=6.0, num_frames=5), 6.0, {}),
+    "cogvideox-dpm": (lambda: tiny_pipeline("cogvideox-dpm"),
+                      dict(prompt=PROMPT, guidance_scale=6.0, num_frames=5, max_sequence_length=TEXT), 6.0, {}),
 }
-SIZES = {"ltx": dict(SIZE, height=64, width=96), "ltx-8fps": dict(SIZE, height=64, width=96)}  # else SIZE
+SIZES = {"ltx": dict(SIZE, height=64, width=96), "ltx-8fps": dict(SIZE, height=64, width=96),
+         # 3 steps: DPM's second-order update (its previous x0 prediction) runs from the second step on
+         "cogvideox-dpm": dict(SIZE, num_inference_steps=3)}  # else SIZE
 
 
 @pytest.mark.parametrize("name", list(CASES))

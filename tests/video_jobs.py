@@ -28,13 +28,15 @@ _PIPES: dict = {}
 
 
 def request(name: str, prompts=None, steps: int = 2, seed: int = 3) -> GenerateRequest:
-    """Image-to-video (wan-i2v*) animates sample_image() and takes the text at its fixed 512 tokens."""
+    """Image-to-video (wan-i2v*) animates sample_image() and takes the text at its fixed 512 tokens; CogVideoX's
+    sin-cos variant at its 226."""
     i2v = name.startswith("wan-i2v")
+    fixed_text = i2v or name.startswith("cogvideox-sincos")  # 512 (Wan I2V), 226 (the sin-cos table's) tokens
     height, width = size(name)
     return GenerateRequest(prompt=prompts or ["a red cat on a blue square"], height=height, width=width,
                            num_frames=FRAMES, num_inference_steps=steps, seed=seed,
                            image=sample_image(height, width) if i2v else None,
-                           extra={} if i2v else {"max_sequence_length": TEXT})
+                           extra={} if fixed_text else {"max_sequence_length": TEXT})
 
 
 def generate(name: str, layout: dict, prompts=None, steps: int = 2, fresh: bool = False, vae: dict | None = None):

@@ -12,7 +12,7 @@ from .registry import ModelFamily, family_for_pipeline
 
 NOISE_DRAWING_SCHEDULERS = frozenset({
     "DDPMScheduler", "DDPMParallelScheduler", "EulerAncestralDiscreteScheduler", "KDPM2AncestralDiscreteScheduler",
-    "DPMSolverSDEScheduler", "LCMScheduler", "TCDScheduler"})
+    "DPMSolverSDEScheduler", "LCMScheduler", "TCDScheduler", "CogVideoXDPMScheduler"})
 """Schedulers whose step() draws noise from the request's generator (e.g. HunyuanDiT's DDPM): a rank holding
 part of the batch would draw other noise than one process drawing it for the whole batch."""
 
@@ -141,8 +141,10 @@ class ModelInfo:
                 if value is not None:
                     raise ConfigError(f"{flag} is for video models, but this {what} makes images: drop {flag}.")
             return
-        for key, why in self.family.refused_pipeline_config.items():
-            if self.pipeline_config.get(key):
+        refused = [(self.pipeline_config, key, why) for key, why in self.family.refused_pipeline_config.items()]
+        refused += [(self.transformer_config, key, why) for key, why in self.family.refused_transformer_config.items()]
+        for config, key, why in refused:
+            if config.get(key):
                 raise ConfigError(f"this {what} sets {key} ({why}), which meshdit does not run yet: use a model "
                                   f"without {key}.")
         factor = self.vae_temporal_factor

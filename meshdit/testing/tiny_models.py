@@ -252,6 +252,35 @@ def tiny_ltx_pipeline(seed: int = 0, layers: int = 2):
                        text_encoder=t5_text_model(32), tokenizer=t5_tokenizer(), transformer=transformer)
 
 
+def tiny_cogvideox_pipeline(seed: int = 0, layers: int = 2, rotary: bool = True, stochastic: bool = False):
+    """CogVideoX 1.0 text-to-video: rotary (5B-shaped) or, rotary False, the 2B's sin-cos positional table
+    (which covers exactly max_text_seq_length = 226 text tokens). Tokens are 16 pixels wide (VAE 8 x patch 2)
+    and 4 frames deep (+1 for the first frame). stochastic: CogVideoX-5B's DPM scheduler, which draws noise in
+    every step; else the 2B's DDIM (eta 0: no noise)."""
+    from diffusers import (AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXDPMScheduler, CogVideoXPipeline,
+                           CogVideoXTransformer3DModel)
+
+    torch.manual_seed(seed)
+    transformer = CogVideoXTransformer3DModel(
+        num_attention_heads=4, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=32,
+        text_embed_dim=32, num_layers=layers, sample_width=10, sample_height=6, sample_frames=9, patch_size=2,
+        temporal_compression_ratio=4, max_text_seq_length=226, use_rotary_positional_embeddings=rotary).eval()
+    vae = AutoencoderKLCogVideoX(
+        block_out_channels=(8, 8, 8, 8), latent_channels=4, layers_per_block=1, norm_num_groups=4,
+        temporal_compression_ratio=4, down_block_types=("CogVideoXDownBlock3D",) * 4,
+        up_block_types=("CogVideoXUpBlock3D",) * 4).eval()
+    with torch.no_grad():  # random weights put the decoder's raw output near +-20, which postprocessing clamps
+        for p in vae.decoder.conv_out.parameters():  # to [0, 1]: scaled down, the video is mostly unclamped
+            p.mul_(0.05)
+    # CogVideoX-2B's schedule; the 5B's DPM differs in its SNR shift (1.0 for 3.0)
+    schedule = dict(beta_end=0.012, beta_schedule="scaled_linear", beta_start=0.00085, clip_sample=False,
+                    prediction_type="v_prediction", rescale_betas_zero_snr=True, set_alpha_to_one=True,
+                    snr_shift_scale=1.0 if stochastic else 3.0, steps_offset=0, timestep_spacing="trailing")
+    scheduler = (CogVideoXDPMScheduler if stochastic else CogVideoXDDIMScheduler)(**schedule)
+    return CogVideoXPipeline(tokenizer=t5_tokenizer(), text_encoder=t5_text_model(32), vae=vae,
+                             transformer=transformer, scheduler=scheduler)
+
+
 def sample_image(height: int = 48, width: int = 80):
     """A deterministic RGB picture for image-to-video tests (PIL)."""
     from PIL import Image
@@ -283,6 +312,9 @@ BUILDERS = {
     "wan22": lambda seed=0: tiny_wan_pipeline(seed, two_experts=True),
     "wan-i2v": tiny_wan_i2v_pipeline,
     "ltx": tiny_ltx_pipeline,
+    "cogvideox": tiny_cogvideox_pipeline,
+    "cogvideox-sincos": lambda seed=0: tiny_cogvideox_pipeline(seed, rotary=False),
+    "cogvideox-dpm": lambda seed=0: tiny_cogvideox_pipeline(seed, stochastic=True),
     # four blocks, for four pipeline stages
     "flux-4blocks": lambda seed=0: tiny_flux_pipeline(seed, double=2, single=2),
     "flux2-4blocks": lambda seed=0: tiny_flux2_pipeline(seed, double=2, single=2),
@@ -294,6 +326,8 @@ BUILDERS = {
     "wan-4blocks": lambda seed=0: tiny_wan_pipeline(seed, layers=4),
     "wan-i2v-4blocks": lambda seed=0: tiny_wan_i2v_pipeline(seed, layers=4),
     "ltx-4blocks": lambda seed=0: tiny_ltx_pipeline(seed, layers=4),
+    "cogvideox-4blocks": lambda seed=0: tiny_cogvideox_pipeline(seed, layers=4),
+    "cogvideox-dpm-4blocks": lambda seed=0: tiny_cogvideox_pipeline(seed, layers=4, stochastic=True),
     # hidden 256 (4 heads x 64): Linear layers wide enough that FP8 scales and biases are a small overhead
     "flux-wide": lambda seed=0: tiny_flux_pipeline(seed, head_dim=64),
 }
