@@ -54,6 +54,11 @@ CASES = {
     "ltx-8fps": (lambda: tiny_pipeline("ltx"),
                  dict(prompt=PROMPT, guidance_scale=3.0, num_frames=9, frame_rate=8, max_sequence_length=TEXT), 3.0,
                  {}),
+    # LTX 0.9.1's recommended decode: timestep 0.05, latents mixed with 2.5 % noise
+    "ltx-decode-timestep": (lambda: tiny_pipeline("ltx"),
+                            dict(prompt=PROMPT, guidance_scale=3.0, num_frames=9, max_sequence_length=TEXT,
+                                 decode_timestep=0.05, decode_noise_scale=0.025), 3.0,
+                            {"decode_timestep": 0.05, "decode_noise_scale": 0.025}),
     # CogVideoX: 5B-shaped (rotary), 2B-shaped (sin-cos table: exactly 226 text tokens), the 5B's DPM scheduler
     "cogvideox": (lambda: tiny_pipeline("cogvideox"),
                   dict(prompt=PROMPT, guidance_scale=6.0, num_frames=5, max_sequence_length=TEXT), 6.0, {}),
@@ -63,6 +68,7 @@ CASES = {
                       dict(prompt=PROMPT, guidance_scale=6.0, num_frames=5, max_sequence_length=TEXT), 6.0, {}),
 }
 SIZES = {"ltx": dict(SIZE, height=64, width=96), "ltx-8fps": dict(SIZE, height=64, width=96),
+         "ltx-decode-timestep": dict(SIZE, height=64, width=96),
          # 3 steps: DPM's second-order update (its previous x0 prediction) runs from the second step on
          "cogvideox-dpm": dict(SIZE, num_inference_steps=3)}  # else SIZE
 

@@ -33,10 +33,13 @@ def request(name: str, prompts=None, steps: int = 2, seed: int = 3) -> GenerateR
     i2v = name.startswith("wan-i2v")
     fixed_text = i2v or name.startswith("cogvideox-sincos")  # 512 (Wan I2V), 226 (the sin-cos table's) tokens
     height, width = size(name)
+    extra = {} if fixed_text else {"max_sequence_length": TEXT}
+    if name.startswith("ltx"):  # LTX 0.9.1's decode: a nonzero `temb` and the decode noise (cut with the batch)
+        extra.update(decode_timestep=0.05, decode_noise_scale=0.025)
     return GenerateRequest(prompt=prompts or ["a red cat on a blue square"], height=height, width=width,
                            num_frames=FRAMES, num_inference_steps=steps, seed=seed,
                            image=sample_image(height, width) if i2v else None,
-                           extra={} if fixed_text else {"max_sequence_length": TEXT})
+                           extra=extra)
 
 
 def generate(name: str, layout: dict, prompts=None, steps: int = 2, fresh: bool = False, vae: dict | None = None):

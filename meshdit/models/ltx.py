@@ -4,7 +4,9 @@ with 3-D rotary embeddings from the token coordinates, cross-attention to T5 tex
 The pipeline packs the latents itself into [B, S, C] tokens, frame-major (F' x H' x W', as Flux packs an
 image's), so the model takes the token sequence as its input and the grid's size as plain ints. Its rotary
 positions are scaled by the frame rate (rope_interpolation_scale), so the request's fps conditions the video.
-A timestep-conditioned VAE (LTX 0.9.1+) decodes at a timestep, from latents mixed with fresh noise.
+A timestep-conditioned VAE (LTX 0.9.1+) decodes at a timestep, from latents mixed with fresh noise: the
+pipeline's decode_timestep and decode_noise_scale, request extras here (Python API: extra={"decode_timestep":
+0.05, "decode_noise_scale": 0.025}, LTX 0.9.1's recommended values; default 0 and None, the pipeline's).
 """
 from __future__ import annotations
 
@@ -65,16 +67,21 @@ class LTXRecipe(VideoRecipe):
         timesteps, _ = retrieve_timesteps(pipe.scheduler, steps, device, sigmas=np.linspace(1.0, 1 / steps, steps),
                                           mu=mu)
         pipe.scheduler.set_begin_index(0)
-        noise = None
+        decode = None
         if pipe.vae.config.timestep_conditioning:
             # the pipeline draws the decode noise from the same generator right after the denoising loop, which
             # draws nothing (flow-match Euler): drawn here, it is the same noise, and every rank holds it
             shape = (batch, pipe.vae.config.latent_channels, grid["num_frames"], grid["height"], grid["width"])
-            noise = randn_tensor(shape, generator=generator, device=device, dtype=embeds.dtype)
+            timestep = float(r.extra.get("decode_timestep", 0.0))
+            scale = r.extra.get("decode_noise_scale")  # None: the timestep, as in the pipeline
+            decode = dict(noise=randn_tensor(shape, generator=generator, device=device, dtype=embeds.dtype),
+                          timestep=torch.full((batch,), timestep, device=device, dtype=embeds.dtype),  # [B]
+                          scale=torch.full((batch,), timestep if scale is None else float(scale), device=device,
+                                           dtype=embeds.dtype))  # [B]
         grid["rope_interpolation_scale"] = (temporal / r.fps, spatial, spatial)  # the pipeline's frame_rate = fps
         patch_t = pipe.transformer_temporal_patch_size
         return DenoiseState(latents, timesteps, branches, r.guidance_scale, r.height, r.width,
-                            extra=dict(grid=grid, token_frames=grid["num_frames"] // patch_t, decode_noise=noise,
+                            extra=dict(grid=grid, token_frames=grid["num_frames"] // patch_t, decode=decode,
                                        dtype=embeds.dtype))
 
     def model_inputs(self, state, latents, t, branch):
@@ -93,21 +100,15 @@ class LTXRecipe(VideoRecipe):
                                        pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size)
         latents = pipe._denormalize_latents(latents, pipe.vae.latents_mean, pipe.vae.latents_std,
                                             pipe.vae.config.scaling_factor).to(state.extra["dtype"])
-        noise = state.extra["decode_noise"]
-        if noise is not None:  # the pipeline's mix at its default decode_noise_scale (= decode_timestep)
-            scale = torch.full((latents.shape[0], 1, 1, 1, 1), DECODE_TIMESTEP, device=latents.device,
-                               dtype=latents.dtype)
-            latents = (1 - scale) * latents + scale * noise
+        decode = state.extra["decode"]
+        if decode is not None:  # the pipeline's mix of latents and noise
+            scale = decode["scale"][:, None, None, None, None]
+            latents = (1 - scale) * latents + scale * decode["noise"]
         return latents.to(pipe.vae.dtype)
 
     def vae_decode_kwargs(self, state):
-        if state.extra["decode_noise"] is None:
-            return {}
-        return dict(temb=torch.full((state.batch_size,), DECODE_TIMESTEP, dtype=state.extra["dtype"],
-                                    device=state.latents.device))
+        decode = state.extra["decode"]
+        return {} if decode is None else dict(temb=decode["timestep"])
 
-
-DECODE_TIMESTEP = 0.0
-"""LTXPipeline's default decode_timestep (its decode_noise_scale defaults to the same value)."""
 
 RECIPE = LTXRecipe
