@@ -32,6 +32,13 @@ def test_true_cfg_parallel_equals_one_process(run_ranks, layout):
           reference("hunyuanvideo-cfg", PROMPT))
 
 
+def test_parallel_vae_decode_in_the_engine_equals_one_process(run_ranks):
+    """--use-parallel-vae: AutoencoderKLHunyuanVideo decodes the latents in row bands over the 2 ranks."""
+    degrees = dict(ulysses_degree=2)
+    check(run_ranks(2, video_jobs.generate, "hunyuanvideo", degrees, PROMPT, vae=dict(parallel=True)),
+          reference("hunyuanvideo", PROMPT))
+
+
 def test_prompts_of_different_text_lengths_under_ulysses_equal_one_process(run_ranks):
     degrees = dict(ulysses_degree=2)
     check(run_ranks(2, video_jobs.generate, "hunyuanvideo", degrees, TWO), reference("hunyuanvideo", TWO))
