@@ -97,3 +97,42 @@ def test_guidance_distilled_model_refuses_cfg_parallel(tiny_hunyuanvideo_dir):
     with pytest.raises(ConfigError, match="use-cfg-parallel"):
         info.check_request(ParallelConfig(cfg_degree=2), GenerateRequest(
             prompt="a cat", height=video_jobs.HEIGHT, width=video_jobs.WIDTH, num_frames=video_jobs.FRAMES))
+
+
+def _tail_attention(head: int):
+    from meshdit.attention.usp import SequenceGroups
+    from meshdit.parallel.plan import MaskedTail
+    from meshdit.parallel.sequence import _MaskedTailAttention, _SequenceState
+
+    state = _SequenceState(SequenceGroups(None, 1, None, 1), None, 0, 1, stream_lens={"img": [head]})
+    return _MaskedTailAttention(state, MaskedTail(("img",), "txt"), "transformer_blocks.0.attn")
+
+
+def test_masked_tail_attention_equals_masked_sdpa_on_the_kept_tokens():
+    """One process: dropping the masked tail tokens gives masked SDPA's output on every kept token; the masked
+    positions come back 0."""
+    import torch
+
+    q, k, v = torch.randn(3, 2, 4, 7, 8).unbind(0)  # [B=2, H=4, 3 video + 4 text tokens, D=8]
+    mask = torch.tensor([[True] * 5 + [False] * 2, [True] * 7])[:, None, None]  # [2, 1, 1, 7]: 2 and 4 kept
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out = _tail_attention(3)(q, k, v, mask)
+    assert torch.allclose(out[0, :, :5], expected[0, :, :5], atol=1e-6) and not out[0, :, 5:].any()
+    assert torch.allclose(out[1], expected[1], atol=1e-6)
+
+
+def test_masked_tail_takes_only_a_boolean_key_mask_keeping_a_prefix_of_the_tail():
+    import torch
+
+    attention = _tail_attention(3)
+    mask = torch.tensor([[True] * 5 + [False] * 2])[:, None, None]
+    assert attention._kept(mask, 1, 3, 4) == [2]
+    gap = mask.clone()
+    gap[..., 4], gap[..., 5] = False, True  # a masked text token before a kept one
+    masked_video = mask.clone()
+    masked_video[..., 0] = False
+    for bad in (gap, masked_video):
+        with pytest.raises(NotImplementedError, match="prefix"):
+            attention._kept(bad, 1, 3, 4)
+    with pytest.raises(NotImplementedError, match="boolean key mask"):
+        attention._kept(mask.float(), 1, 3, 4)

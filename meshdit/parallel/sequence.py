@@ -49,6 +49,9 @@ class _SequenceState:
     """The attention kernel (None: torch's SDPA); see meshdit.quant.runtime.Fp8AttentionBackend."""
     codecs: WireCodecs = EXACT
     """What encodes the sequence-parallel traffic (EXACT: nothing)."""
+    tail_mask: tuple | None = None
+    """MaskedTail: (the last key mask seen, (batch, head, tail), its kept tail lengths), reused while the same
+    mask tensor comes back (every block of one forward)."""
 
     def local_attention(self, q, k, v, scale):
         if self.backend is None:
@@ -159,9 +162,14 @@ class _MaskedTailAttention:
         return out
 
     def _kept(self, mask, batch: int, head: int, tail: int) -> list[int]:
-        """Tail tokens the boolean key mask [B or 1, 1, 1, head + tail] keeps, per sample (one host sync)."""
+        """Tail tokens the boolean key mask [B or 1, 1, 1, head + tail] keeps, per sample.
+
+        One host sync per mask: the model passes the same mask tensor to every block of a forward."""
         if mask is None:
             return [tail] * batch
+        cached = self.state.tail_mask
+        if cached is not None and cached[0] is mask and cached[1] == (batch, head, tail):
+            return cached[2]
         if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1:3] != (1, 1) or mask.shape[-1] != head + tail:
             raise NotImplementedError(f"{self.module_name}: sequence parallelism takes a boolean key mask "
                                       f"[B, 1, 1, {head + tail}] here, got {mask.dtype} {tuple(mask.shape)}")
@@ -171,7 +179,8 @@ class _MaskedTailAttention:
         if not keys[:, :head].all() or not torch.equal(keys[:, head:], prefix):
             raise NotImplementedError(f"{self.module_name}: the key mask must keep every split token and a prefix "
                                       f"of the {self.plan.tail!r} tokens (padding at the end)")
-        return kept.tolist()
+        self.state.tail_mask = (mask, (batch, head, tail), kept.tolist())
+        return self.state.tail_mask[2]
 
 
 class _WhileRunning:
