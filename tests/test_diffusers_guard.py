@@ -48,6 +48,13 @@ CASES = {
     # image-to-video: its text length is fixed at 512 (no max_sequence_length); the image goes in as PIL
     "wan-i2v": (lambda: tiny_pipeline("wan-i2v"),
                 dict(prompt=PROMPT, guidance_scale=5.0, num_frames=5, image=sample_image(64, 48)), 5.0, {}),
+    # HunyuanVideo: the prompt (8 of 16 text tokens kept, the rest masked) joins every attention; distilled
+    # (embedded guidance), or without guidance_embeds true CFG with a negative prompt
+    "hunyuanvideo": (lambda: tiny_pipeline("hunyuanvideo"),
+                     dict(prompt=PROMPT, guidance_scale=6.0, num_frames=5, max_sequence_length=TEXT), 6.0, {}),
+    "hunyuanvideo-true-cfg": (lambda: tiny_pipeline("hunyuanvideo-cfg"),
+                              dict(prompt=PROMPT, negative_prompt="", true_cfg_scale=3.0, num_frames=5,
+                                   max_sequence_length=TEXT), 3.0, {}),
 }
 
 

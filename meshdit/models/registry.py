@@ -78,7 +78,9 @@ class ModelFamily:
     def temporal_patch(self, transformer_config: dict) -> int:
         """Latent frames per token (1 where the patch is 2-D)."""
         patch = transformer_config.get("patch_size", 1)
-        return int(patch[0]) if isinstance(patch, (list, tuple)) and len(patch) == 3 else 1
+        if isinstance(patch, (list, tuple)) and len(patch) == 3:
+            return int(patch[0])
+        return int(transformer_config.get("patch_size_t") or 1)  # HunyuanVideo names it apart
 
     def num_blocks(self, transformer_config: dict) -> int:
         """Blocks PipeFusion can cut into stages (double- and single-stream blocks alike)."""
@@ -122,6 +124,13 @@ FAMILIES = (
                 max_sequence_length_fixed="added_kv_proj_dim", default_pixel_size=(480, 832),
                 default_num_frames=81, default_fps=16, image_to_video_pipelines=("WanImageToVideoPipeline",),
                 refused_pipeline_config={"expand_timesteps": "Wan 2.2 TI2V's per-token timesteps"}),
+    # HunyuanVideo text-to-video: guidance-distilled (the scale is embedded); the prompt (Llama, padded to
+    # max_sequence_length) joins the video tokens in every attention. Defaults: HunyuanVideoPipeline.__call__'s,
+    # fps its example's export_to_video.
+    ModelFamily("hunyuanvideo", "HunyuanVideoTransformer3DModel", ("HunyuanVideoPipeline",),
+                "meshdit.models.hunyuanvideo", packed=False, default_steps=50, default_guidance=6.0,
+                default_max_sequence_length=256, guidance_distilled="guidance_embeds", default_pixel_size=(720, 1280),
+                default_num_frames=129, default_fps=15, vae_temporal_factor_key="temporal_compression_ratio"),
 )
 
 
