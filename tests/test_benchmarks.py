@@ -76,3 +76,16 @@ def test_end_to_end_benchmark_times_both_processes():
         median = float(row.split("|")[2].strip().removesuffix(" s"))
         assert median > 0
     assert "meshdit - floor" in proc.stdout
+
+
+def test_video_scaling_quick_run_writes_every_file_and_parallel_equals_serial(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.video_scaling", "--quick", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads((tmp_path / "video_scaling_quick.json").read_text())
+    assert [row["tokens"] for row in r["rows"]] == [256, 512]
+    for row in r["rows"]:
+        assert {"ulysses2/meshdit", "ring2/meshdit"} <= set(row["methods"]) and row["ceiling"] > 0
+        assert all(m["relative_diff"] < 1e-5 for m in row["methods"].values()), row  # exact methods stay exact
+    assert (tmp_path / "video_scaling_quick.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| 256 |" in (tmp_path / "video_scaling_quick.md").read_text()

@@ -66,6 +66,13 @@ CASES = {
                          dict(prompt=PROMPT, guidance_scale=6.0, num_frames=5), 6.0, {}),
     "cogvideox-dpm": (lambda: tiny_pipeline("cogvideox-dpm"),
                       dict(prompt=PROMPT, guidance_scale=6.0, num_frames=5, max_sequence_length=TEXT), 6.0, {}),
+    # HunyuanVideo: the prompt (8 of 16 text tokens kept, the rest masked) joins every attention; distilled
+    # (embedded guidance), or without guidance_embeds true CFG with a negative prompt
+    "hunyuanvideo": (lambda: tiny_pipeline("hunyuanvideo"),
+                     dict(prompt=PROMPT, guidance_scale=6.0, num_frames=5, max_sequence_length=TEXT), 6.0, {}),
+    "hunyuanvideo-true-cfg": (lambda: tiny_pipeline("hunyuanvideo-cfg"),
+                              dict(prompt=PROMPT, negative_prompt="", true_cfg_scale=3.0, num_frames=5,
+                                   max_sequence_length=TEXT), 3.0, {}),
 }
 SIZES = {"ltx": dict(SIZE, height=64, width=96), "ltx-8fps": dict(SIZE, height=64, width=96),
          "ltx-decode-timestep": dict(SIZE, height=64, width=96),

@@ -80,8 +80,8 @@ class ModelFamily:
         return vae_scale_factor * int(patch)
 
     def temporal_patch(self, transformer_config: dict) -> int:
-        """Latent frames per token: a 3-D patch's first size (Wan), else patch_size_t (LTX; CogVideoX 1.5, None in
-        1.0), else 1."""
+        """Latent frames per token: a 3-D patch's first size (Wan), else patch_size_t (HunyuanVideo, LTX; CogVideoX
+        1.5, None in 1.0), else 1."""
         patch = transformer_config.get("patch_size", 1)
         if isinstance(patch, (list, tuple)) and len(patch) == 3:
             return int(patch[0])
@@ -150,6 +150,13 @@ FAMILIES = (
                                     "and PipeFusion's patches of token rows would cut through latent frames",
                     "use_learned_positional_embeddings": "learned positional embeddings, which fix the size "
                                                          "(CogVideoX-5B image-to-video)"}),
+    # HunyuanVideo text-to-video: guidance-distilled (the scale is embedded); the prompt (Llama, padded to
+    # max_sequence_length) joins the video tokens in every attention. Defaults: HunyuanVideoPipeline.__call__'s,
+    # fps its example's export_to_video.
+    ModelFamily("hunyuanvideo", "HunyuanVideoTransformer3DModel", ("HunyuanVideoPipeline",),
+                "meshdit.models.hunyuanvideo", packed=False, default_steps=50, default_guidance=6.0,
+                default_max_sequence_length=256, guidance_distilled="guidance_embeds", default_pixel_size=(720, 1280),
+                default_num_frames=129, default_fps=15, vae_temporal_factor_key="temporal_compression_ratio"),
 )
 
 

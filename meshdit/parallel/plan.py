@@ -28,6 +28,19 @@ class Split:
 
 
 @dataclass(frozen=True)
+class MaskedTail:
+    """Attention value: the module's q/k/v are `streams` (split over the SP ranks) followed by `tail`, a stream
+    every SP rank holds whole, whose padding the module's boolean key mask hides (HunyuanVideo: the prompt after
+    the video tokens, its padding masked). Sequence parallelism drops the masked tail tokens (they weigh exactly
+    0), deals the kept ones out over the SP ranks for the attention and gathers their outputs back, so the tail
+    stays whole on every rank; masked positions come back as zeros, which is exact wherever nothing reads them
+    but masked keys (the mask hides them from every query)."""
+
+    streams: tuple[str, ...]
+    tail: str
+
+
+@dataclass(frozen=True)
 class Gather:
     """Reassemble a module's output (sharded as `stream`) on every SP rank."""
 
@@ -40,9 +53,9 @@ class Gather:
 class SequencePlan:
     splits: tuple[Split, ...]
     gathers: tuple[Gather, ...]
-    attention: dict[str, tuple[str, ...] | str] = field(default_factory=dict)
+    attention: dict[str, tuple[str, ...] | str | MaskedTail] = field(default_factory=dict)
     """Glob over attention module paths -> the streams their q/k/v sequence
-    concatenates (any order), or LOCAL. First match wins; every attention module
+    concatenates (any order), LOCAL, or a MaskedTail. First match wins; every attention module
     in the transformer must match one glob."""
 
 

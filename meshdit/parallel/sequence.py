@@ -21,7 +21,7 @@ from ..attention.kernels import attention_with_lse
 from ..attention.usp import EXACT, SequenceGroups, WireCodecs, usp_attention
 from ..distributed.comm import all_gather_uneven, group_rank, group_size, split_sizes
 from ..distributed.mesh import ParallelMesh
-from .plan import LOCAL, OUTPUT, SequencePlan
+from .plan import LOCAL, OUTPUT, MaskedTail, SequencePlan
 
 
 def sequence_groups(mesh: ParallelMesh) -> SequenceGroups:
@@ -49,6 +49,9 @@ class _SequenceState:
     """The attention kernel (None: torch's SDPA); see meshdit.quant.runtime.Fp8AttentionBackend."""
     codecs: WireCodecs = EXACT
     """What encodes the sequence-parallel traffic (EXACT: nothing)."""
+    tail_mask: tuple | None = None
+    """MaskedTail: (the last key mask seen, (batch, head, tail), its kept tail lengths), reused while the same
+    mask tensor comes back (every block of one forward)."""
 
     def local_attention(self, q, k, v, scale):
         if self.backend is None:
@@ -120,6 +123,64 @@ class _ActiveAttention:
         state = self.state
         return usp_attention(query, key, value, state.groups, per_rank, scale, state.local_attention,
                              state.lse_attention, state.codecs)
+
+
+@dataclass
+class _MaskedTailAttention:
+    """Attention over split `streams` followed by a whole `tail` whose padding a key mask hides (MaskedTail).
+
+    The kept tail tokens (a prefix: the mask must keep all split tokens and a run of tail tokens from its
+    start) are dealt out over the SP ranks like a split stream, so the plain sequence-parallel attention (USP,
+    or PipeFusion's stale K/V) runs without a mask; the tail's outputs are gathered back onto every rank."""
+
+    state: _SequenceState
+    plan: MaskedTail
+    module_name: str
+
+    def __call__(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                 enable_gqa=False):
+        if dropout_p or is_causal or enable_gqa:
+            raise NotImplementedError(f"{self.module_name}: sequence parallelism supports non-causal attention "
+                                      "without dropout or grouped K/V; run this model with ulysses/ring degree 1.")
+        state = self.state
+        head = sum(state.lens(s)[state.sp_rank] for s in self.plan.streams)  # this rank's split tokens
+        kept = self._kept(attn_mask, query.shape[0], head, query.shape[-2] - head)  # [B] tail tokens kept
+        out = query.new_zeros(query.shape)  # [B, H, head + tail, D]; masked tail positions stay 0
+        runs = [(b, b + 1) for b in range(len(kept))] if len(set(kept)) > 1 else [(0, len(kept))]
+        for b0, b1 in runs:  # samples with different kept lengths attend one by one (PipeFusion: own buffers)
+            name = self.module_name if len(runs) == 1 else f"{self.module_name}#{b0}"
+            n = kept[b0]
+            sizes = split_sizes(n, state.sp_size)  # the kept tail, dealt out like a split stream
+            t0 = head + sum(sizes[:state.sp_rank])
+            local = [torch.cat([x[b0:b1, :, :head], x[b0:b1, :, t0:t0 + sizes[state.sp_rank]]], dim=2)
+                     for x in (query, key, value)]
+            state.stream_lens[self.plan.tail], state.full_lens[self.plan.tail] = sizes, n
+            part = _ActiveAttention(state, (*self.plan.streams, self.plan.tail), name)(*local, scale=scale)
+            out[b0:b1, :, :head] = part[:, :, :head]
+            out[b0:b1, :, head:head + n] = all_gather_uneven(part[:, :, head:].contiguous(), 2, sizes,
+                                                             state.sp_group)
+        return out
+
+    def _kept(self, mask, batch: int, head: int, tail: int) -> list[int]:
+        """Tail tokens the boolean key mask [B or 1, 1, 1, head + tail] keeps, per sample.
+
+        One host sync per mask: the model passes the same mask tensor to every block of a forward."""
+        if mask is None:
+            return [tail] * batch
+        cached = self.state.tail_mask
+        if cached is not None and cached[0] is mask and cached[1] == (batch, head, tail):
+            return cached[2]
+        if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1:3] != (1, 1) or mask.shape[-1] != head + tail:
+            raise NotImplementedError(f"{self.module_name}: sequence parallelism takes a boolean key mask "
+                                      f"[B, 1, 1, {head + tail}] here, got {mask.dtype} {tuple(mask.shape)}")
+        keys = mask[:, 0, 0].expand(batch, head + tail).cpu()
+        kept = keys[:, head:].sum(dim=1)
+        prefix = torch.arange(tail) < kept[:, None]  # [B, tail]: the mask must keep a prefix of the tail
+        if not keys[:, :head].all() or not torch.equal(keys[:, head:], prefix):
+            raise NotImplementedError(f"{self.module_name}: the key mask must keep every split token and a prefix "
+                                      f"of the {self.plan.tail!r} tokens (padding at the end)")
+        self.state.tail_mask = (mask, (batch, head, tail), kept.tolist())
+        return self.state.tail_mask[2]
 
 
 class _WhileRunning:
@@ -274,7 +335,11 @@ def _hook_transformer(transformer: torch.nn.Module, plan: SequencePlan, state: _
         streams = _match(plan.attention, name)
         if streams == LOCAL:
             continue
-        handles += _set_during_forward(module, _ACTIVE, _ActiveAttention(state, tuple(streams), prefix + name))
+        if isinstance(streams, MaskedTail):
+            active = _MaskedTailAttention(state, streams, prefix + name)
+        else:
+            active = _ActiveAttention(state, tuple(streams), prefix + name)
+        handles += _set_during_forward(module, _ACTIVE, active)
     return handles
 
 

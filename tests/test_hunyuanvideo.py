@@ -1,0 +1,138 @@
+"""HunyuanVideo: every exact layout equals one process, on tests/test_video.py's token grid (45 tokens: no degree
+divides them) and layouts; degree 1 is diffusers' own (tests/test_diffusers_guard.py).
+
+The prompt joins the video tokens in every attention with its padding masked (plan.MaskedTail): "a red cat"
+keeps 4 of the 6 text tokens (3 words + the end token), so the masked path runs; two prompts of different
+kept lengths in one batch attend one by one."""
+import pytest
+
+from meshdit.config import GenerateRequest, ParallelConfig
+from meshdit.errors import ConfigError
+from tests import video_jobs
+from tests.test_video import LAYOUTS, check, reference, world
+
+PROMPT = ["a red cat"]
+TWO = ["a red cat", "a blue dog on a square"]  # 4 and 6 (all) text tokens kept
+SP = {name: degrees for name, degrees in LAYOUTS.items() if "cfg_degree" not in degrees}
+CFG = {name: degrees for name, degrees in LAYOUTS.items() if "cfg_degree" in degrees}
+
+
+@pytest.mark.parametrize("layout", list(SP))
+def test_sequence_parallel_equals_one_process(run_ranks, layout):
+    degrees = SP[layout]
+    check(run_ranks(world(degrees), video_jobs.generate, "hunyuanvideo", degrees, PROMPT),
+          reference("hunyuanvideo", PROMPT))
+
+
+@pytest.mark.parametrize("layout", list(CFG))
+def test_true_cfg_parallel_equals_one_process(run_ranks, layout):
+    """A transformer without guidance_embeds runs true CFG (negative prompt ""): its branches over the cfg axis."""
+    degrees = CFG[layout]
+    check(run_ranks(world(degrees), video_jobs.generate, "hunyuanvideo-cfg", degrees, PROMPT),
+          reference("hunyuanvideo-cfg", PROMPT))
+
+
+def test_parallel_vae_decode_in_the_engine_equals_one_process(run_ranks):
+    """--use-parallel-vae: AutoencoderKLHunyuanVideo decodes the latents in row bands over the 2 ranks."""
+    degrees = dict(ulysses_degree=2)
+    check(run_ranks(2, video_jobs.generate, "hunyuanvideo", degrees, PROMPT, vae=dict(parallel=True)),
+          reference("hunyuanvideo", PROMPT))
+
+
+def test_prompts_of_different_text_lengths_under_ulysses_equal_one_process(run_ranks):
+    degrees = dict(ulysses_degree=2)
+    check(run_ranks(2, video_jobs.generate, "hunyuanvideo", degrees, TWO), reference("hunyuanvideo", TWO))
+
+
+def test_data_parallel_equals_one_process(run_ranks):
+    prompts = ["a red cat", "a blue dog", "two green circles"]  # 3 videos over 2 groups
+    check(run_ranks(2, video_jobs.generate, "hunyuanvideo", dict(data_parallel_degree=2), prompts),
+          reference("hunyuanvideo", prompts))
+
+
+@pytest.mark.parametrize("patches,prompts", [(2, PROMPT), (3, TWO)], ids=["2patches", "3patches-two-prompts"])
+def test_pipefusion_with_full_warmup_equals_one_process(run_ranks, patches, prompts):
+    """Dual-stream then single-stream blocks cut into 2 stages; each prompt keeps its own stale text K/V."""
+    degrees = dict(pipefusion_parallel_degree=2, warmup_steps=2, num_pipeline_patch=patches)
+    results = run_ranks(2, video_jobs.generate, "hunyuanvideo-4blocks", degrees, prompts, fresh=True)
+    check(results, reference("hunyuanvideo-4blocks", prompts))
+
+
+def test_pipefusion_hybrid_with_ring_equals_one_process(run_ranks):
+    degrees = dict(pipefusion_parallel_degree=2, ring_degree=2, warmup_steps=2)
+    results = run_ranks(4, video_jobs.generate, "hunyuanvideo-4blocks", degrees, PROMPT, fresh=True)
+    check(results, reference("hunyuanvideo-4blocks", PROMPT))
+
+
+@pytest.fixture(scope="module")
+def tiny_hunyuanvideo_dir(tmp_path_factory):
+    from meshdit.testing.tiny_models import tiny_pipeline
+
+    folder = tmp_path_factory.mktemp("tiny-hunyuanvideo")
+    tiny_pipeline("hunyuanvideo").save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("size,message", [
+    (dict(num_frames=8), r"compresses 4 frames into one after the first: use k \* 4 \+ 1 frames, e\.g\. "
+                         r"--num-frames 5 or 9"),
+    (dict(height=40), "height 40 cannot be split into this model's patches: it must be a multiple of 16"),
+    (dict(width=88), "width 88 cannot be split into this model's patches: it must be a multiple of 16"),
+], ids=["frames", "height", "width"])
+def test_bad_video_sizes_are_refused_from_the_config_files(tiny_hunyuanvideo_dir, size, message):
+    """Read from model_index.json, transformer/ and vae/ configs alone (what the CLI checks before ranks start)."""
+    from meshdit.models.info import ModelInfo
+
+    info = ModelInfo.from_pretrained(tiny_hunyuanvideo_dir)
+    request = dict(prompt="a cat", height=video_jobs.HEIGHT, width=video_jobs.WIDTH, num_frames=video_jobs.FRAMES)
+    info.check_request(ParallelConfig(ulysses_degree=2), GenerateRequest(**request))  # the good sizes pass
+    with pytest.raises(ConfigError, match=message):
+        info.check_request(ParallelConfig(ulysses_degree=2), GenerateRequest(**{**request, **size}))
+
+
+def test_guidance_distilled_model_refuses_cfg_parallel(tiny_hunyuanvideo_dir):
+    from meshdit.models.info import ModelInfo
+
+    info = ModelInfo.from_pretrained(tiny_hunyuanvideo_dir)
+    with pytest.raises(ConfigError, match="use-cfg-parallel"):
+        info.check_request(ParallelConfig(cfg_degree=2), GenerateRequest(
+            prompt="a cat", height=video_jobs.HEIGHT, width=video_jobs.WIDTH, num_frames=video_jobs.FRAMES))
+
+
+def _tail_attention(head: int):
+    from meshdit.attention.usp import SequenceGroups
+    from meshdit.parallel.plan import MaskedTail
+    from meshdit.parallel.sequence import _MaskedTailAttention, _SequenceState
+
+    state = _SequenceState(SequenceGroups(None, 1, None, 1), None, 0, 1, stream_lens={"img": [head]})
+    return _MaskedTailAttention(state, MaskedTail(("img",), "txt"), "transformer_blocks.0.attn")
+
+
+def test_masked_tail_attention_equals_masked_sdpa_on_the_kept_tokens():
+    """One process: dropping the masked tail tokens gives masked SDPA's output on every kept token; the masked
+    positions come back 0."""
+    import torch
+
+    q, k, v = torch.randn(3, 2, 4, 7, 8).unbind(0)  # [B=2, H=4, 3 video + 4 text tokens, D=8]
+    mask = torch.tensor([[True] * 5 + [False] * 2, [True] * 7])[:, None, None]  # [2, 1, 1, 7]: 2 and 4 kept
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out = _tail_attention(3)(q, k, v, mask)
+    assert torch.allclose(out[0, :, :5], expected[0, :, :5], atol=1e-6) and not out[0, :, 5:].any()
+    assert torch.allclose(out[1], expected[1], atol=1e-6)
+
+
+def test_masked_tail_takes_only_a_boolean_key_mask_keeping_a_prefix_of_the_tail():
+    import torch
+
+    attention = _tail_attention(3)
+    mask = torch.tensor([[True] * 5 + [False] * 2])[:, None, None]
+    assert attention._kept(mask, 1, 3, 4) == [2]
+    gap = mask.clone()
+    gap[..., 4], gap[..., 5] = False, True  # a masked text token before a kept one
+    masked_video = mask.clone()
+    masked_video[..., 0] = False
+    for bad in (gap, masked_video):
+        with pytest.raises(NotImplementedError, match="prefix"):
+            attention._kept(bad, 1, 3, 4)
+    with pytest.raises(NotImplementedError, match="boolean key mask"):
+        attention._kept(mask.float(), 1, 3, 4)
