@@ -110,7 +110,7 @@ class Engine:
         seconds["denoise"] = time.perf_counter() - start - seconds["prepare"]
         # [B, 3, H, W] in [-1, 1] on every rank of the image group; decode_latents runs only where the VAE does
         image = parallel.decode(self.pipe.vae, lambda: self.recipe.decode_latents(state, latents), self.vae,
-                                self.mesh.device)
+                                self.mesh.device, **self.recipe.vae_decode_kwargs(state))
         image = parallel.gather(image, sum(counts))  # every rank: all images of the batch
         images = self.recipe.postprocess(image, output_type)  # np: [N, H, W, 3], videos [N, F, H, W, 3]
         seconds["decode"] = time.perf_counter() - start - seconds["prepare"] - seconds["denoise"]

@@ -244,10 +244,19 @@ def test_registry_defaults_equal_diffusers():
                 assert family.max_sequence_length_for(pipeline_class) == call["max_sequence_length"].default
             assert family.default_steps == call["num_inference_steps"].default, pipeline_class
             assert family.default_guidance == call["guidance_scale"].default, pipeline_class
+            size, frames = (call["height"].default, call["width"].default), call.get("num_frames")
+            frames = frames and frames.default
+            if family.is_video and size == (None, None):  # CogVideoX: the config's sample_height / _width x its
+                # VAE's 8, and its sample_frames
+                init = inspect.signature(getattr(diffusers, family.transformer_class).__init__).parameters
+                size = (init["sample_height"].default * 8, init["sample_width"].default * 8)
+                frames = init["sample_frames"].default
             if family.default_pixel_size:
-                assert family.default_pixel_size == (call["height"].default, call["width"].default), pipeline_class
-            if family.is_video:  # (fps is no pipeline argument: the rows hold the docs' export_to_video fps)
-                assert family.default_num_frames == call["num_frames"].default, pipeline_class
+                assert family.default_pixel_size == size, pipeline_class
+            if family.is_video:  # (fps is no pipeline argument but LTX's frame_rate: else the docs' export fps)
+                assert family.default_num_frames == frames, pipeline_class
+                if "frame_rate" in call:
+                    assert family.default_fps == call["frame_rate"].default, pipeline_class
 
 
 def test_a_fixed_text_length_refuses_another_max_sequence_length():

@@ -48,6 +48,24 @@ CASES = {
     # image-to-video: its text length is fixed at 512 (no max_sequence_length); the image goes in as PIL
     "wan-i2v": (lambda: tiny_pipeline("wan-i2v"),
                 dict(prompt=PROMPT, guidance_scale=5.0, num_frames=5, image=sample_image(64, 48)), 5.0, {}),
+    # LTXPipeline asks for multiples of 32 pixels; its frame_rate is meshdit's fps (it scales the rotary positions)
+    "ltx": (lambda: tiny_pipeline("ltx"),
+            dict(prompt=PROMPT, guidance_scale=3.0, num_frames=9, max_sequence_length=TEXT), 3.0, {}),
+    "ltx-8fps": (lambda: tiny_pipeline("ltx"),
+                 dict(prompt=PROMPT, guidance_scale=3.0, num_frames=9, frame_rate=8, max_sequence_length=TEXT), 3.0,
+                 {}),
+    # LTX 0.9.1's recommended decode: timestep 0.05, latents mixed with 2.5 % noise
+    "ltx-decode-timestep": (lambda: tiny_pipeline("ltx"),
+                            dict(prompt=PROMPT, guidance_scale=3.0, num_frames=9, max_sequence_length=TEXT,
+                                 decode_timestep=0.05, decode_noise_scale=0.025), 3.0,
+                            {"decode_timestep": 0.05, "decode_noise_scale": 0.025}),
+    # CogVideoX: 5B-shaped (rotary), 2B-shaped (sin-cos table: exactly 226 text tokens), the 5B's DPM scheduler
+    "cogvideox": (lambda: tiny_pipeline("cogvideox"),
+                  dict(prompt=PROMPT, guidance_scale=6.0, num_frames=5, max_sequence_length=TEXT), 6.0, {}),
+    "cogvideox-sincos": (lambda: tiny_pipeline("cogvideox-sincos"),
+                         dict(prompt=PROMPT, guidance_scale=6.0, num_frames=5), 6.0, {}),
+    "cogvideox-dpm": (lambda: tiny_pipeline("cogvideox-dpm"),
+                      dict(prompt=PROMPT, guidance_scale=6.0, num_frames=5, max_sequence_length=TEXT), 6.0, {}),
     # HunyuanVideo: the prompt (8 of 16 text tokens kept, the rest masked) joins every attention; distilled
     # (embedded guidance), or without guidance_embeds true CFG with a negative prompt
     "hunyuanvideo": (lambda: tiny_pipeline("hunyuanvideo"),
@@ -56,6 +74,10 @@ CASES = {
                               dict(prompt=PROMPT, negative_prompt="", true_cfg_scale=3.0, num_frames=5,
                                    max_sequence_length=TEXT), 3.0, {}),
 }
+SIZES = {"ltx": dict(SIZE, height=64, width=96), "ltx-8fps": dict(SIZE, height=64, width=96),
+         "ltx-decode-timestep": dict(SIZE, height=64, width=96),
+         # 3 steps: DPM's second-order update (its previous x0 prediction) runs from the second step on
+         "cogvideox-dpm": dict(SIZE, num_inference_steps=3)}  # else SIZE
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -63,13 +85,15 @@ def test_every_degree_one_gives_the_diffusers_pipeline_image_bit_for_bit(name):
     build, diffusers_kwargs, guidance, extra = CASES[name]
     pipe = build()
     pipe.set_progress_bar_config(disable=True)
+    size = SIZES.get(name, SIZE)
     with torch.inference_mode():
-        output = pipe(**diffusers_kwargs, **SIZE, generator=torch.Generator("cpu").manual_seed(3), output_type="np")
+        output = pipe(**diffusers_kwargs, **size, generator=torch.Generator("cpu").manual_seed(3), output_type="np")
         expected = output.frames if hasattr(output, "frames") else output.images  # [1, H, W, 3], videos [1, F, ...]
     if "max_sequence_length" in diffusers_kwargs:
         extra = {**extra, "max_sequence_length": TEXT}
-    request = GenerateRequest(prompt=PROMPT, **SIZE, seed=3, guidance_scale=guidance, extra=extra,
-                              num_frames=diffusers_kwargs.get("num_frames"), image=diffusers_kwargs.get("image"))
+    request = GenerateRequest(prompt=PROMPT, **size, seed=3, guidance_scale=guidance, extra=extra,
+                              num_frames=diffusers_kwargs.get("num_frames"), image=diffusers_kwargs.get("image"),
+                              fps=diffusers_kwargs.get("frame_rate"))
     engine = Engine(pipe)
     try:
         images = engine.generate(request).images
@@ -84,6 +108,10 @@ NOT_SPLIT = {
     # split only when the timestep is [B, S] (one per token: Wan 2.2 TI2V's expand_timesteps, which meshdit
     # refuses before ranks start); every other Wan model passes [B], which has no tokens to split
     "wan": {("", "timestep"): "per-token timesteps only"},
+    # text stays whole on every rank: LTX's attn2 is cross-attention (LOCAL), so each rank's image tokens
+    # attend to all of it without communication (diffusers shards it and lets its ring gather K/V)
+    "ltx": {("", "encoder_hidden_states"): "text whole: cross-attention is local",
+            ("", "encoder_attention_mask"): "text whole: cross-attention is local"},
 }
 
 

@@ -1,4 +1,4 @@
-"""Video (Wan): every exact layout equals one process on a token grid no degree divides; degree 1 is
+"""Video (Wan, LTX, CogVideoX): every exact layout equals one process on a token grid no degree divides; degree 1 is
 diffusers' own (tests/test_diffusers_guard.py)."""
 import numpy as np
 import pytest
@@ -20,9 +20,9 @@ def reference(name, prompts=None, steps=2):
     return _REFERENCE[key]
 
 
-def check(results, ref):
+def check(results, ref, name="wan"):
     ref_out, ref_video, _ = ref
-    assert ref_video.shape[1:] == (video_jobs.FRAMES, video_jobs.HEIGHT, video_jobs.WIDTH, 3)
+    assert ref_video.shape[1:] == (video_jobs.FRAMES, *video_jobs.size(name), 3)
     for rank, (out, video, _) in enumerate(results):
         if out is not None:
             assert (out - ref_out).abs().max().item() <= 1e-5 * ref_out.abs().max().item(), f"rank {rank}: output"
@@ -37,6 +37,52 @@ LAYOUTS = {
     "cfg2": dict(cfg_degree=2),
     "cfg2-u2": dict(cfg_degree=2, ulysses_degree=2),
 }
+
+
+DP_PROMPTS = ["a red cat", "a blue dog", "two green circles"]  # 3 videos over 2 groups
+PIPEFUSION = dict(pipefusion_parallel_degree=2, warmup_steps=2)  # full warmup: both steps on the whole video
+FAMILY_LAYOUTS = {**LAYOUTS, "dp2": dict(data_parallel_degree=2), "pf2": dict(PIPEFUSION, num_pipeline_patch=2),
+                  "pf2-3patches": dict(PIPEFUSION, num_pipeline_patch=3)}
+"""Every exact layout of a family added after Wan, on one test (PipeFusion on its 4-block pipeline)."""
+
+
+@pytest.mark.parametrize("layout", list(FAMILY_LAYOUTS))
+@pytest.mark.parametrize("family", ["ltx", "cogvideox"])
+def test_family_equals_one_process_under_every_layout(run_ranks, family, layout):
+    """LTX: packed [B, S, C] tokens sharded at the model's input and its rotary table at the rope's output;
+    PipeFusion's patches are runs of those tokens (2 patches: one crosses a frame boundary). CogVideoX: text
+    and video tokens both sharded at the first block (joint attention over [text, video]), its rotary table
+    where the model takes it; DDIM."""
+    degrees = FAMILY_LAYOUTS[layout]
+    pipefusion = "pipefusion_parallel_degree" in degrees
+    name = f"{family}-4blocks" if pipefusion else family
+    prompts = DP_PROMPTS if "data_parallel_degree" in degrees else None
+    check(run_ranks(world(degrees), video_jobs.generate, name, degrees, prompts, fresh=pipefusion),
+          reference(name, prompts), name)
+
+
+@pytest.mark.parametrize("family", ["ltx", "cogvideox"])
+def test_family_parallel_vae_decode_equals_one_process(run_ranks, family):
+    """LTX's timestep-conditioned decoder: `temb` reaches vae.decode on every rank of the band split;
+    CogVideoX's frame batches with conv caches, in the engine."""
+    degrees = dict(ulysses_degree=2)
+    check(run_ranks(2, video_jobs.generate, family, degrees, vae=dict(parallel=True)), reference(family), family)
+
+
+@pytest.mark.parametrize("name,layout", [("cogvideox-dpm", "cfg2"), ("cogvideox-dpm", "r2u2"),
+                                         ("cogvideox-dpm", "pf2"), ("cogvideox-sincos", "u2"),
+                                         ("cogvideox-sincos", "r2")])
+def test_cogvideox_variants_equal_one_process(run_ranks, name, layout):
+    """The 5B's DPM scheduler (3 steps: its second-order update runs from step 2; it draws noise in every step
+    from the request's generator, which every rank holds alike; data parallelism is refused, see
+    tests/reliability) and the 2B's sin-cos positional table (added before the split; 226 text tokens)."""
+    degrees = dict(FAMILY_LAYOUTS[layout])
+    pipefusion = "pipefusion_parallel_degree" in degrees
+    if pipefusion:
+        name, degrees["warmup_steps"] = f"{name}-4blocks", 3
+    steps = 3 if name.startswith("cogvideox-dpm") else 2
+    check(run_ranks(world(degrees), video_jobs.generate, name, degrees, steps=steps, fresh=pipefusion),
+          reference(name, steps=steps), name)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

@@ -14,21 +14,36 @@ from meshdit.testing.tiny_models import sample_image, tiny_pipeline
 # boundary; 2 patches of 5 + 4 rows do).
 FRAMES, HEIGHT, WIDTH = 9, 48, 80
 TEXT = 6  # max_sequence_length, kept small for speed
+PIXEL_SCALE = {"ltx": 2, "ltx-4blocks": 2}
+"""Families whose tokens are wider than Wan's 16 pixels (LTX: 32) get sizes scaled to the same token grid."""
+
+
+def size(name: str) -> tuple[int, int]:
+    """(height, width) in pixels of the tests' 3 x 5 tokens per frame for pipeline `name`."""
+    scale = PIXEL_SCALE.get(name, 1)
+    return HEIGHT * scale, WIDTH * scale
+
 
 _PIPES: dict = {}
 
 
 def request(name: str, prompts=None, steps: int = 2, seed: int = 3) -> GenerateRequest:
-    """Image-to-video (wan-i2v*) animates sample_image() and takes the text at its fixed 512 tokens."""
+    """Image-to-video (wan-i2v*) animates sample_image() and takes the text at its fixed 512 tokens; CogVideoX's
+    sin-cos variant at its 226."""
     i2v = name.startswith("wan-i2v")
-    return GenerateRequest(prompt=prompts or ["a red cat on a blue square"], height=HEIGHT, width=WIDTH,
+    fixed_text = i2v or name.startswith("cogvideox-sincos")  # 512 (Wan I2V), 226 (the sin-cos table's) tokens
+    height, width = size(name)
+    extra = {} if fixed_text else {"max_sequence_length": TEXT}
+    if name.startswith("ltx"):  # LTX 0.9.1's decode: a nonzero `temb` and the decode noise (cut with the batch)
+        extra.update(decode_timestep=0.05, decode_noise_scale=0.025)
+    return GenerateRequest(prompt=prompts or ["a red cat on a blue square"], height=height, width=width,
                            num_frames=FRAMES, num_inference_steps=steps, seed=seed,
-                           image=sample_image(HEIGHT, WIDTH) if i2v else None,
-                           extra={} if i2v else {"max_sequence_length": TEXT})
+                           image=sample_image(height, width) if i2v else None,
+                           extra=extra)
 
 
 def generate(name: str, layout: dict, prompts=None, steps: int = 2, fresh: bool = False, vae: dict | None = None):
-    """(transformer output at the first step [B, C, F, h, w], final video [N, F, H, W, 3], what parallelize
+    """(transformer output at the first step [B, C, F, h, w] (LTX: [B, S, C]), final video [N, F, H, W, 3], what parallelize
     installed on a second expert) over the mesh.
 
     fresh: a pipeline built for this call (PipeFusion drops other stages' blocks for good);

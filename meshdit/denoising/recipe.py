@@ -138,6 +138,10 @@ class Recipe:
         """Final latents -> what the pipeline passes to vae.decode ([B, C, h, w])."""
         raise NotImplementedError
 
+    def vae_decode_kwargs(self, state: DenoiseState) -> dict:
+        """Keyword arguments of vae.decode besides the latents (LTX: the decoder's timestep `temb`)."""
+        return {}
+
     def postprocess(self, decoded: torch.Tensor, output_type: str):
         """The VAE's output [B, 3, H, W] in [-1, 1] -> what the pipeline returns (np: [B, H, W, 3] in [0, 1])."""
         return self.pipe.image_processor.postprocess(decoded, output_type=output_type)

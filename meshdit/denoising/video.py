@@ -1,7 +1,7 @@
 """What every video family shares: latents [B, C, F, h, w], the token grid over frames, video output.
 
 A video DiT patchifies its latents into an F' x H' x W' grid of tokens, flattened frame-major (Wan,
-HunyuanVideo, CogVideoX 1.5, LTX all do). Sequence parallelism splits that flat sequence wherever it falls
+HunyuanVideo, CogVideoX 1.5, LTX all do; LTX's pipeline packs them itself: latents [B, S, C]). Sequence parallelism splits that flat sequence wherever it falls
 (uneven shards; no divisibility asked of frames). PipeFusion cuts it into patches of whole token rows:
 the rows of every frame, one after another (F' x H' rows of W' tokens), so a patch may run across a frame
 boundary and is still one contiguous run of tokens and one slice of the latents.
@@ -23,10 +23,19 @@ class VideoRecipe(Recipe):
         assumes a temporal patch of 1 (Wan, HunyuanVideo): else a token row would take latent rows of
         several frames, and no single slice of the latents would hold a patch."""
         rows, cols = super().token_grid(state)  # per frame
-        return state.latents.shape[2] * rows, cols
+        return self.token_frames(state) * rows, cols
+
+    def token_frames(self, state: DenoiseState) -> int:
+        """Frames of the token grid: the latents' F ([B, C, F, h, w]); packed latents [B, S, C] (LTX) have no
+        frame dim, so their family keeps the count in state.extra["token_frames"]."""
+        return state.extra["token_frames"] if state.latents.dim() == 3 else state.latents.shape[2]
 
     def patch_view(self, state: DenoiseState, latents: torch.Tensor, row0: int, row1: int) -> torch.Tensor:
-        """Token rows row0..row1-1 of the F x h rows: a slice of [B, C, F * h, w] (a view of `latents`)."""
+        """Token rows row0..row1-1 of the F x h rows: a slice of [B, C, F * h, w] (a view of `latents`), or of
+        packed [B, S, C] tokens (a run of the sequence: any temporal patch)."""
+        if latents.dim() == 3:
+            cols = self.token_grid(state)[1]
+            return latents[:, row0 * cols:row1 * cols]
         b, c, f, h, w = latents.shape
         rows = f * h // self.token_grid(state)[0]  # latent rows per token row: the patch height
         return latents.view(b, c, f * h, w)[:, :, row0 * rows:row1 * rows]  # view(): raises rather than copy

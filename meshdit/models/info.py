@@ -12,7 +12,7 @@ from .registry import ModelFamily, family_for_pipeline
 
 NOISE_DRAWING_SCHEDULERS = frozenset({
     "DDPMScheduler", "DDPMParallelScheduler", "EulerAncestralDiscreteScheduler", "KDPM2AncestralDiscreteScheduler",
-    "DPMSolverSDEScheduler", "LCMScheduler", "TCDScheduler"})
+    "DPMSolverSDEScheduler", "LCMScheduler", "TCDScheduler", "CogVideoXDPMScheduler"})
 """Schedulers whose step() draws noise from the request's generator (e.g. HunyuanDiT's DDPM): a rank holding
 part of the batch would draw other noise than one process drawing it for the whole batch."""
 
@@ -57,9 +57,11 @@ class ModelInfo:
         pipeline_class = type(pipe).__name__
         source = getattr(pipe, "name_or_path", None) or "<in memory>"  # the folder it was loaded from, if any
         family = family_for_pipeline(pipeline_class)
-        # video pipelines name their factors per axis (Wan: vae_scale_factor_spatial / _temporal)
-        spatial = getattr(pipe, "vae_scale_factor", None) or pipe.vae_scale_factor_spatial
-        temporal = getattr(pipe, "vae_scale_factor_temporal", None) if family.is_video else None
+        # video pipelines name their factors per axis (Wan, CogVideoX: vae_scale_factor_spatial / _temporal;
+        # LTX: vae_spatial_compression_ratio / vae_temporal_compression_ratio)
+        spatial = _first_attribute(pipe, "vae_scale_factor", "vae_scale_factor_spatial", "vae_spatial_compression_ratio")
+        temporal = _first_attribute(pipe, "vae_scale_factor_temporal", "vae_temporal_compression_ratio") \
+            if family.is_video else None
         return cls(source, pipeline_class, family, dict(pipe.transformer.config), int(spatial),
                    type(pipe.scheduler).__name__, int(temporal or 1),
                    {k: v for k, v in pipe.config.items() if not isinstance(v, (list, tuple))})
@@ -75,8 +77,13 @@ class ModelInfo:
         transformer = _read_json(model, "transformer/config.json")
         vae = _read_json(model, "vae/config.json")
         family = family_for_pipeline(pipeline_class)
-        vae_scale = vae.get("scale_factor_spatial") or 2 ** (len(vae.get("block_out_channels", [0] * 4)) - 1)
-        temporal = vae.get(family.vae_temporal_factor_key) if family.is_video else None
+        if family.is_video:
+            from ..vae.settings import video_spatial_scale, video_temporal_scale
+
+            vae_scale, temporal = video_spatial_scale(vae), video_temporal_scale(vae, family.vae_temporal_factor_key)
+        else:
+            vae_scale = vae.get("scale_factor_spatial") or 2 ** (len(vae.get("block_out_channels", [0] * 4)) - 1)
+            temporal = None
         scheduler = index.get("scheduler")  # ["diffusers", "DDPMScheduler"]
         scheduler_class = scheduler[1] if isinstance(scheduler, list) and len(scheduler) == 2 else ""
         settings = {k: v for k, v in index.items() if not isinstance(v, list)}  # components are [library, class]
@@ -134,8 +141,10 @@ class ModelInfo:
                 if value is not None:
                     raise ConfigError(f"{flag} is for video models, but this {what} makes images: drop {flag}.")
             return
-        for key, why in self.family.refused_pipeline_config.items():
-            if self.pipeline_config.get(key):
+        refused = [(self.pipeline_config, key, why) for key, why in self.family.refused_pipeline_config.items()]
+        refused += [(self.transformer_config, key, why) for key, why in self.family.refused_transformer_config.items()]
+        for config, key, why in refused:
+            if config.get(key):
                 raise ConfigError(f"this {what} sets {key} ({why}), which meshdit does not run yet: use a model "
                                   f"without {key}.")
         factor = self.vae_temporal_factor
@@ -145,6 +154,13 @@ class ModelInfo:
             raise ConfigError(f"--num-frames {frames} cannot be encoded by this model's VAE, which compresses "
                               f"{factor} frames into one after the first: use k * {factor} + 1 frames, e.g. "
                               f"--num-frames {lower} or {lower + factor}.")
+        patch = self.family.temporal_patch(self.transformer_config)
+        latent = (frames - 1) // factor + 1
+        if latent % patch:  # the pipeline's packing reshapes the latent frames into patches of `patch`
+            low = max(patch, latent // patch * patch)
+            raise ConfigError(f"--num-frames {frames} gives {latent} latent frames, which this model's temporal "
+                              f"patch of {patch} frames cannot cut: use --num-frames {(low - 1) * factor + 1} or "
+                              f"{(low + patch - 1) * factor + 1}.")
         animates = what in self.family.image_to_video_pipelines
         if animates and request.image is None:
             raise ConfigError(f"this {what} animates an image: pass its first frame with --image PATH.")
@@ -238,6 +254,11 @@ class ModelInfo:
             raise ConfigError(
                 f"the smallest of {patches} patches has fewer image tokens than the {config.sp_degree} "
                 "sequence-parallel ranks: use fewer --num-pipeline-patch or a larger image.")
+
+
+def _first_attribute(pipe, *names: str):
+    """The first of the pipeline's attributes `names` that it has (set and not None), else None."""
+    return next((getattr(pipe, n) for n in names if getattr(pipe, n, None) is not None), None)
 
 
 def _read_json(model: str, name: str) -> dict:

@@ -30,10 +30,11 @@ class ModelFamily:
     """Pipelines of the family whose default text length differs (PixArt-alpha: 120, Sigma: 300)."""
     max_sequence_length_limit: int | None = None
     """The text encoder's cap on --max-sequence-length (T5 in FLUX.1 and SD3: 512); None: no fixed cap."""
-    max_sequence_length_fixed: bool | str = False
+    max_sequence_length_fixed: bool | str | tuple[str, bool] = False
     """The transformer takes exactly default_max_sequence_length text tokens (HunyuanDiT: its T5 length): True,
     or the transformer config key that, when set, makes it so (Wan 2.1 I2V: added_kv_proj_dim, image K/V
-    projections whose processor cuts the text at 512 tokens from the end)."""
+    projections whose processor cuts the text at 512 tokens from the end), or (key, value): when the key is
+    that truth value (CogVideoX without rotary embeddings: its positional table covers 226 text tokens)."""
     default_sample_size: int | None = None
     """Latent size the pipeline defaults to; None: the transformer config's sample_size."""
     guidance_distilled: bool | str = False
@@ -52,6 +53,9 @@ class ModelFamily:
     """Pipelines of the family that animate an --image (the others refuse one)."""
     refused_pipeline_config: dict[str, str] = field(default_factory=dict)
     """model_index.json keys that, when true, name a variant the family's plan does not cover -> why."""
+    refused_transformer_config: dict[str, str] = field(default_factory=dict)
+    """transformer/config.json keys that, when set (not null, not false), name a variant the plan does not
+    cover -> why (CogVideoX 1.5's patch_size_t)."""
 
     @property
     def is_video(self) -> bool:
@@ -76,17 +80,21 @@ class ModelFamily:
         return vae_scale_factor * int(patch)
 
     def temporal_patch(self, transformer_config: dict) -> int:
-        """Latent frames per token (1 where the patch is 2-D)."""
+        """Latent frames per token: a 3-D patch's first size (Wan), else patch_size_t (HunyuanVideo, LTX; CogVideoX
+        1.5, None in 1.0), else 1."""
         patch = transformer_config.get("patch_size", 1)
         if isinstance(patch, (list, tuple)) and len(patch) == 3:
             return int(patch[0])
-        return int(transformer_config.get("patch_size_t") or 1)  # HunyuanVideo names it apart
+        return int(transformer_config.get("patch_size_t") or 1)
 
     def num_blocks(self, transformer_config: dict) -> int:
         """Blocks PipeFusion can cut into stages (double- and single-stream blocks alike)."""
         return int(transformer_config.get("num_layers", 0)) + int(transformer_config.get("num_single_layers", 0))
 
     def is_text_length_fixed(self, transformer_config: dict) -> bool:
+        if isinstance(self.max_sequence_length_fixed, tuple):
+            key, value = self.max_sequence_length_fixed
+            return bool(transformer_config.get(key)) == value
         if isinstance(self.max_sequence_length_fixed, str):
             return transformer_config.get(self.max_sequence_length_fixed) is not None
         return self.max_sequence_length_fixed
@@ -124,6 +132,24 @@ FAMILIES = (
                 max_sequence_length_fixed="added_kv_proj_dim", default_pixel_size=(480, 832),
                 default_num_frames=81, default_fps=16, image_to_video_pipelines=("WanImageToVideoPipeline",),
                 refused_pipeline_config={"expand_timesteps": "Wan 2.2 TI2V's per-token timesteps"}),
+    # LTX-Video text-to-video: T5 text through cross-attention (any length); the frame rate conditions the
+    # rotary positions, so default_fps is __call__'s frame_rate; tokens are VAE pixels x patch_size wide.
+    ModelFamily("ltx", "LTXVideoTransformer3DModel", ("LTXPipeline",), "meshdit.models.ltx", packed=False,
+                default_steps=50, default_guidance=3.0, default_max_sequence_length=128, default_pixel_size=(512, 704),
+                default_num_frames=161, default_fps=25, vae_temporal_factor_key="temporal_compression_ratio"),
+    # CogVideoX 1.0 text-to-video (2B: sin-cos positional table, which covers exactly 226 text tokens; 5B: 3-D
+    # rotary embeddings, any text length). Text joins the video tokens in every attention. The pipeline defaults
+    # size and frames from the transformer config (sample_height/width x 8, sample_frames: 480 x 720, 49 in 1.0);
+    # fps is its examples' export_to_video fps.
+    ModelFamily("cogvideox", "CogVideoXTransformer3DModel", ("CogVideoXPipeline",), "meshdit.models.cogvideox",
+                packed=False, default_steps=50, default_guidance=6.0, default_max_sequence_length=226,
+                max_sequence_length_fixed=("use_rotary_positional_embeddings", False), default_pixel_size=(480, 720),
+                default_num_frames=49, default_fps=8, vae_temporal_factor_key="temporal_compression_ratio",
+                refused_transformer_config={
+                    "patch_size_t": "CogVideoX 1.5's temporal patch: the pipeline pads the latent frames to it, "
+                                    "and PipeFusion's patches of token rows would cut through latent frames",
+                    "use_learned_positional_embeddings": "learned positional embeddings, which fix the size "
+                                                         "(CogVideoX-5B image-to-video)"}),
     # HunyuanVideo text-to-video: guidance-distilled (the scale is embedded); the prompt (Llama, padded to
     # max_sequence_length) joins the video tokens in every attention. Defaults: HunyuanVideoPipeline.__call__'s,
     # fps its example's export_to_video.

@@ -39,15 +39,16 @@ class Parallelized:
         return pipefusion_denoise(recipe, state, self.pipefusion, self.sequence_state, cfg_group,
                                   request.warmup_steps, request.patches(self.mesh.config), show_progress, on_step)
 
-    def decode(self, vae, vae_input, settings, device) -> torch.Tensor:
+    def decode(self, vae, vae_input, settings, device, **vae_kwargs) -> torch.Tensor:
         """The decoded images [B, 3, H, W] (videos [B, 3, F, H, W]) on every rank of the image group (ranks that
         share the same images).
 
         vae_input() -> the latents as vae.decode takes them; called only on ranks that run the
-        VAE (all of the group with parallel decode, else its rank 0, which sends the images on).
+        VAE (all of the group with parallel decode, else its rank 0, which sends the images on);
+        vae_kwargs: passed on to vae.decode (LTX's timestep `temb`).
         """
         group = self.mesh.group("image")
-        image = decode(vae, vae_input(), settings, group) if decodes_here(settings, group) else None
+        image = decode(vae, vae_input(), settings, group, **vae_kwargs) if decodes_here(settings, group) else None
         return share_images(image, settings, group, device)
 
     def gather(self, image: torch.Tensor, batch_size: int) -> torch.Tensor:

@@ -233,6 +233,52 @@ def tiny_wan_i2v_pipeline(seed: int = 0, layers: int = 2):
         image_encoder=encoder, transformer=transformer)
 
 
+def tiny_ltx_pipeline(seed: int = 0, layers: int = 2):
+    """LTX-Video text-to-video. Its VAE packs 8 x 8 pixels and upsamples space and time twice: tokens 32 pixels
+    wide (LTXPipeline asks for multiples of 32) and 4 frames deep (+1 for the first frame); its decoder is
+    timestep-conditioned (LTX 0.9.1+), so decoding draws the pipeline's decode noise and takes `temb`."""
+    from diffusers import AutoencoderKLLTXVideo, FlowMatchEulerDiscreteScheduler, LTXPipeline, LTXVideoTransformer3DModel
+
+    torch.manual_seed(seed)
+    transformer = LTXVideoTransformer3DModel(
+        in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=4, attention_head_dim=8,
+        cross_attention_dim=32, num_layers=layers, caption_channels=32).eval()
+    vae = AutoencoderKLLTXVideo(
+        latent_channels=8, block_out_channels=(8, 8, 8, 8), decoder_block_out_channels=(8, 8, 8, 8),
+        layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1, 1),
+        spatio_temporal_scaling=(True, True, False, False), decoder_spatio_temporal_scaling=(True, True, False, False),
+        timestep_conditioning=True, patch_size=8, patch_size_t=1).eval()
+    return LTXPipeline(scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True), vae=vae,
+                       text_encoder=t5_text_model(32), tokenizer=t5_tokenizer(), transformer=transformer)
+
+
+def tiny_cogvideox_pipeline(seed: int = 0, layers: int = 2, rotary: bool = True, stochastic: bool = False):
+    """CogVideoX 1.0 text-to-video: rotary (5B-shaped) or, rotary False, the 2B's sin-cos positional table
+    (which covers exactly max_text_seq_length = 226 text tokens). Tokens are 16 pixels wide (VAE 8 x patch 2)
+    and 4 frames deep (+1 for the first frame). stochastic: CogVideoX-5B's DPM scheduler, which draws noise in
+    every step; else the 2B's DDIM (eta 0: no noise)."""
+    from diffusers import (AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXDPMScheduler, CogVideoXPipeline,
+                           CogVideoXTransformer3DModel)
+
+    torch.manual_seed(seed)
+    transformer = CogVideoXTransformer3DModel(
+        num_attention_heads=4, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=32,
+        text_embed_dim=32, num_layers=layers, sample_width=10, sample_height=6, sample_frames=9, patch_size=2,
+        temporal_compression_ratio=4, max_text_seq_length=226, use_rotary_positional_embeddings=rotary).eval()
+    vae = AutoencoderKLCogVideoX(
+        block_out_channels=(8, 8, 8, 8), latent_channels=4, layers_per_block=1, norm_num_groups=4,
+        temporal_compression_ratio=4, down_block_types=("CogVideoXDownBlock3D",) * 4,
+        up_block_types=("CogVideoXUpBlock3D",) * 4).eval()
+    with torch.no_grad():  # random weights put the decoder's raw output near +-20, which postprocessing clamps
+        for p in vae.decoder.conv_out.parameters():  # to [0, 1]: scaled down, the video is mostly unclamped
+            p.mul_(0.05)
+    # CogVideoX-2B's schedule; the 5B's DPM differs in its SNR shift (1.0 for 3.0)
+    schedule = dict(beta_end=0.012, beta_schedule="scaled_linear", beta_start=0.00085, clip_sample=False,
+                    prediction_type="v_prediction", rescale_betas_zero_snr=True, set_alpha_to_one=True,
+                    snr_shift_scale=1.0 if stochastic else 3.0, steps_offset=0, timestep_spacing="trailing")
+    scheduler = (CogVideoXDPMScheduler if stochastic else CogVideoXDDIMScheduler)(**schedule)
+    return CogVideoXPipeline(tokenizer=t5_tokenizer(), text_encoder=t5_text_model(32), vae=vae,
+                             transformer=transformer, scheduler=scheduler)
 def llama_tokenizer():
     """Word-level, built in code: HunyuanVideo's prompt template comes to exactly the 95 tokens before the
     prompt that the pipeline crops (its crop_start, counted with Llama's tokenizer), so prompts survive the
@@ -311,6 +357,10 @@ BUILDERS = {
     "wan": tiny_wan_pipeline,
     "wan22": lambda seed=0: tiny_wan_pipeline(seed, two_experts=True),
     "wan-i2v": tiny_wan_i2v_pipeline,
+    "ltx": tiny_ltx_pipeline,
+    "cogvideox": tiny_cogvideox_pipeline,
+    "cogvideox-sincos": lambda seed=0: tiny_cogvideox_pipeline(seed, rotary=False),
+    "cogvideox-dpm": lambda seed=0: tiny_cogvideox_pipeline(seed, stochastic=True),
     "hunyuanvideo": tiny_hunyuanvideo_pipeline,
     "hunyuanvideo-cfg": lambda seed=0: tiny_hunyuanvideo_pipeline(seed, guidance_embeds=False),
     # four blocks, for four pipeline stages
@@ -323,6 +373,9 @@ BUILDERS = {
     "hunyuandit-4blocks": lambda seed=0: tiny_hunyuandit_pipeline(seed, layers=4, stochastic=False),
     "wan-4blocks": lambda seed=0: tiny_wan_pipeline(seed, layers=4),
     "wan-i2v-4blocks": lambda seed=0: tiny_wan_i2v_pipeline(seed, layers=4),
+    "ltx-4blocks": lambda seed=0: tiny_ltx_pipeline(seed, layers=4),
+    "cogvideox-4blocks": lambda seed=0: tiny_cogvideox_pipeline(seed, layers=4),
+    "cogvideox-dpm-4blocks": lambda seed=0: tiny_cogvideox_pipeline(seed, layers=4, stochastic=True),
     "hunyuanvideo-4blocks": lambda seed=0: tiny_hunyuanvideo_pipeline(seed, double=2, single=2),
     # hidden 256 (4 heads x 64): Linear layers wide enough that FP8 scales and biases are a small overhead
     "flux-wide": lambda seed=0: tiny_flux_pipeline(seed, head_dim=64),

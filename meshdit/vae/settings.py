@@ -124,8 +124,20 @@ def video_spatial_scale(vae_config: dict) -> int:
         return int(vae_config.get("spatial_compression_ratio", 16))
     if cls == "AutoencoderKLLTXVideo":
         return int(vae_config.get("spatial_compression_ratio") or vae_config.get("patch_size", 4) * 2 ** sum(
-            vae_config.get("spatio_temporal_scaling", (True, True, True, False))))
+            vae_config.get("spatio_temporal_scaling", _LTX_SCALING)))
     return 2 ** (len(vae_config.get("block_out_channels", (128, 256, 256, 512))) - 1)   # CogVideoX
+
+
+_LTX_SCALING = (True, True, True, False)   # AutoencoderKLLTXVideo's default spatio_temporal_scaling
+
+
+def video_temporal_scale(vae_config: dict, key: str) -> int:
+    """Frames per latent frame (after the first) of a video VAE: its config's `key`, or, where LTX leaves it
+    null (diffusers computes it), patch_size_t x 2 ** (the blocks that scale time)."""
+    value = vae_config.get(key)
+    if value is None and vae_config.get("_class_name") == "AutoencoderKLLTXVideo":
+        value = vae_config.get("patch_size_t", 1) * 2 ** sum(vae_config.get("spatio_temporal_scaling", _LTX_SCALING))
+    return int(value or 1)
 
 
 def _check_video_settings(cls: str, vae_config: dict, settings: VaeDecodeSettings, plain: str) -> None:

@@ -108,6 +108,28 @@ BAD_INPUTS = {
                                         "32", "--pipefusion-parallel-degree", "2", "--num-pipeline-patch", "5",
                                         "--output", "{tmp}/x.mp4"],
                                        "--num-pipeline-patch 5 exceeds the 4 rows of image tokens"),
+    # LTX: its VAE config leaves the compressions null (diffusers computes 32 px, 8 frames from patch and scaling)
+    "ltx-frames-not-8k+1": (["--model", "{tmp}/ltx", "--num-frames", "10", "--output", "{tmp}/x.mp4"],
+                            "compresses 8 frames into one after the first: use k * 8 + 1 frames, e.g. "
+                            "--num-frames 9 or 17"),
+    "ltx-height-not-32-multiple": (["--model", "{tmp}/ltx", "--height", "80", "--output", "{tmp}/x.mp4"],
+                                   "height 80 cannot be split into this model's patches: it must be a multiple of 32"),
+    "ltx-frames-for-a-temporal-patch": (["--model", "{tmp}/ltx-patch-t2", "--num-frames", "17", "--output",
+                                         "{tmp}/x.mp4"], "3 latent frames, which this model's temporal patch of 2 "
+                                        "frames cannot cut: use --num-frames 9 or 25"),
+    # CogVideoX
+    "cogvideox-frames-not-4k+1": (["--model", "{tmp}/cogvideox", "--num-frames", "48", "--output", "{tmp}/x.mp4"],
+                                  "use k * 4 + 1 frames, e.g. --num-frames 45 or 49"),
+    "cogvideox-width-not-16-multiple": (["--model", "{tmp}/cogvideox", "--width", "712", "--output", "{tmp}/x.mp4"],
+                                        "width 712 cannot be split into this model's patches: it must be a "
+                                        "multiple of 16 (VAE factor 8 x patch 2); use --width 704 or 720"),
+    "cogvideox-1.5-temporal-patch": (["--model", "{tmp}/cogvideox-1.5", "--output", "{tmp}/x.mp4"],
+                                     "sets patch_size_t (CogVideoX 1.5's temporal patch"),
+    "cogvideox-2b-other-text-length": (["--model", "{tmp}/cogvideox-2b", "--max-sequence-length", "100",
+                                        "--output", "{tmp}/x.mp4"], "takes exactly 226 text tokens"),
+    "cogvideox-dpm-data-parallel": (["--model", "{tmp}/cogvideox-dpm", "--prompt", "a", "--prompt", "b",
+                                     "--data-parallel-degree", "2", "--output", "{tmp}/x{i}.mp4"],
+                                    "CogVideoXDPMScheduler draws fresh noise in every step"),
     # FP8 options
     "fp8-comm-k-without-fp8-comm": (["--fp8-comm-k"], "needs --fp8-comm too"),
     "attention-backend-unknown": (["--attention-backend", "fp4"], "argument --attention-backend"),
@@ -121,6 +143,15 @@ _VAE = {"_class_name": "AutoencoderKL", "block_out_channels": [8, 16, 32, 64],
 _WAN_TRANSFORMER = {"_class_name": "WanTransformer3DModel", "num_attention_heads": 4, "num_layers": 2,
                     "patch_size": [1, 2, 2]}
 _WAN_VAE = {"_class_name": "AutoencoderKLWan", "scale_factor_spatial": 8, "scale_factor_temporal": 4}
+_LTX_TRANSFORMER = {"_class_name": "LTXVideoTransformer3DModel", "num_attention_heads": 4, "num_layers": 2,
+                    "patch_size": 1, "patch_size_t": 1}
+_LTX_VAE = {"_class_name": "AutoencoderKLLTXVideo", "patch_size": 4, "patch_size_t": 1,
+            "spatio_temporal_scaling": [True, True, True, False], "spatial_compression_ratio": None,
+            "temporal_compression_ratio": None}
+_COG_TRANSFORMER = {"_class_name": "CogVideoXTransformer3DModel", "num_attention_heads": 4, "num_layers": 2,
+                    "patch_size": 2, "patch_size_t": None, "use_rotary_positional_embeddings": True}
+_COG_VAE = {"_class_name": "AutoencoderKLCogVideoX", "block_out_channels": [8, 8, 8, 8],
+            "temporal_compression_ratio": 4.0}
 CONFIG_ONLY_MODELS = {
     "flux-dev": ("FluxPipeline", {**_FLUX_TRANSFORMER, "guidance_embeds": True}, _VAE),
     "flux2": ("Flux2Pipeline", {**_FLUX_TRANSFORMER, "_class_name": "Flux2Transformer2DModel"},
@@ -134,6 +165,14 @@ CONFIG_ONLY_MODELS = {
     "wan": ("WanPipeline", _WAN_TRANSFORMER, _WAN_VAE),
     "wan-i2v": ("WanImageToVideoPipeline", {**_WAN_TRANSFORMER, "added_kv_proj_dim": 48}, _WAN_VAE),
     "wan-ti2v": ({"_class_name": "WanPipeline", "expand_timesteps": True}, _WAN_TRANSFORMER, _WAN_VAE),
+    "cogvideox": ("CogVideoXPipeline", _COG_TRANSFORMER, _COG_VAE),
+    "cogvideox-2b": ("CogVideoXPipeline", {**_COG_TRANSFORMER, "use_rotary_positional_embeddings": False},
+                     _COG_VAE),
+    "cogvideox-1.5": ("CogVideoXPipeline", {**_COG_TRANSFORMER, "patch_size_t": 2}, _COG_VAE),
+    "cogvideox-dpm": ({"_class_name": "CogVideoXPipeline", "scheduler": ["diffusers", "CogVideoXDPMScheduler"]},
+                      _COG_TRANSFORMER, _COG_VAE),
+    "ltx": ("LTXPipeline", _LTX_TRANSFORMER, _LTX_VAE),
+    "ltx-patch-t2": ("LTXPipeline", {**_LTX_TRANSFORMER, "patch_size_t": 2}, _LTX_VAE),
 }
 
 

@@ -1,0 +1,99 @@
+"""CogVideoX 1.0 (CogVideoXPipeline / CogVideoXTransformer3DModel): text tokens concatenated before the video
+tokens in every block's attention (as in an MMDiT), 3-D rotary embeddings given as an input (5B) or a sin-cos
+positional table the patch embedding adds (2B), DDIM (2B) or DPM (5B, draws noise in every step) schedulers.
+
+The pipeline keeps its latents [B, F, C, h, w] (frames before channels); the recipe keeps them [B, C, F, h, w]
+like every video family, so PipeFusion's patches of token rows are slices, and hands the model and the
+scheduler the pipeline's layout as transposed views: every operation between is elementwise, and the
+scheduler's noise is drawn at the pipeline's shape, so the values are the pipeline's.
+"""
+from __future__ import annotations
+
+import torch
+from diffusers import CogVideoXDPMScheduler
+from diffusers.pipelines.cogvideo.pipeline_cogvideox import retrieve_timesteps
+
+from ..denoising.recipe import COND, UNCOND, DenoiseState
+from ..denoising.video import VideoRecipe
+from ..parallel.plan import BlockList, Gather, ModelPlan, SequencePlan, StagePlan, Split
+
+# The patch embedding returns cat(text, video) tokens (positional table added) and the model slices them apart
+# before its blocks: both are sharded where the first block takes them, the rotary table (cos, sin), each
+# [S, D], where the model takes it (None for the 2B). Each attention sees [text, video], in that order.
+PLAN = ModelPlan(
+    SequencePlan(
+        splits=(
+            Split("", "image_rotary_emb", -2, "img"),
+            Split("transformer_blocks.0", "hidden_states", -2, "img"),
+            Split("transformer_blocks.0", "encoder_hidden_states", -2, "txt"),
+        ),
+        gathers=(Gather("proj_out", -2, "img"),),
+        attention={"transformer_blocks.*.attn1": ("txt", "img")},
+    ),
+    StagePlan(blocks=(BlockList("transformer_blocks", ("hidden_states", "encoder_hidden_states"),
+                                ("hidden_states", "encoder_hidden_states")),)),
+)
+
+
+def _frames_first(x: torch.Tensor) -> torch.Tensor:
+    """[B, C, F, h, w] <-> [B, F, C, h, w] (a view)."""
+    return x.transpose(1, 2)
+
+
+class CogVideoXRecipe(VideoRecipe):
+    batch_branches = True  # uncond and cond in one call, as the pipeline batches them
+
+    def prepare_settings(self, r, generator, device):
+        pipe = self.pipe
+        cfg = r.guidance_scale > 1
+        embeds, n_embeds = pipe.encode_prompt(  # [B, L, D] each
+            r.prompts, r.negative_prompt, cfg, num_videos_per_prompt=r.num_images_per_prompt,
+            max_sequence_length=r.extra["max_sequence_length"], device=device)
+        branches = {COND: dict(encoder_hidden_states=embeds)}
+        if cfg:  # uncond first: the order the pipeline batches them in
+            branches = {UNCOND: dict(encoder_hidden_states=n_embeds), **branches}
+        timesteps, _ = retrieve_timesteps(pipe.scheduler, r.num_inference_steps, device)
+        latents = pipe.prepare_latents(  # [B, F, C, h, w]
+            embeds.shape[0], pipe.transformer.config.in_channels, r.num_frames, r.height, r.width, embeds.dtype,
+            device, generator)
+        rotary = None
+        if pipe.transformer.config.use_rotary_positional_embeddings:
+            # Private: CogVideoXPipeline builds its (cos, sin) [S, D] tables in no public method.
+            rotary = pipe._prepare_rotary_positional_embeddings(r.height, r.width, latents.size(1), device)
+        pipe.scheduler.meshdit_old_pred = None  # DPM's previous prediction of x0 (see step)
+        return DenoiseState(_frames_first(latents).contiguous(), timesteps, branches, r.guidance_scale, r.height,
+                            r.width, extra=dict(rotary=rotary, dtype=embeds.dtype,
+                                                step_kwargs=pipe.prepare_extra_step_kwargs(generator, 0.0)))
+
+    def model_inputs(self, state, latents, t, branch):
+        latents = self.pipe.scheduler.scale_model_input(_frames_first(latents), t)  # [B, F, C, h, w]
+        return dict(hidden_states=latents, timestep=t.expand(latents.shape[0]),
+                    image_rotary_emb=state.extra["rotary"], attention_kwargs=None, **state.branches[branch])
+
+    def postprocess_prediction(self, state, pred):
+        return _frames_first(pred.float()).contiguous()  # [B, C, F, h, w]
+
+    def step(self, state, noise_pred, t, latents):
+        scheduler = self.pipe.scheduler
+        video = latents.dim() == 5  # else one PipeFusion patch [B, C, rows, w], stepping alone
+        pred, sample = (_frames_first(noise_pred), _frames_first(latents)) if video else (noise_pred, latents)
+        if isinstance(scheduler, CogVideoXDPMScheduler):
+            # DPM carries its previous x0 prediction across steps; kept on the scheduler in the recipe's layout
+            # so PipeFusion's per-patch scheduler copies hold their patch of it
+            i = int((state.timesteps == t).nonzero()[0])
+            old = scheduler.meshdit_old_pred
+            out, old = scheduler.step(pred, None if old is None else (_frames_first(old) if video else old), t,
+                                      state.timesteps[i - 1] if i > 0 else None, sample,
+                                      **state.extra["step_kwargs"], return_dict=False)
+            scheduler.meshdit_old_pred = _frames_first(old) if video else old
+        else:
+            out = scheduler.step(pred, t, sample, **state.extra["step_kwargs"], return_dict=False)[0]
+        out = out.to(state.extra["dtype"])
+        return _frames_first(out) if video else out
+
+    def decode_latents(self, state, latents):
+        # the pipeline's decode_latents arithmetic (it also decodes, which meshdit.vae does over the ranks)
+        return 1 / self.pipe.vae_scaling_factor_image * latents  # [B, C, F, h, w]
+
+
+RECIPE = CogVideoXRecipe
