@@ -26,6 +26,13 @@ def test_every_layout_equals_one_process(run_ranks, layout):
           reference(name, prompts))
 
 
+def test_prompts_of_different_text_lengths_under_ulysses_equal_one_process(run_ranks):
+    """19 and 3 text tokens kept (the second has no quoted text: no ByT5 tokens): the videos attend one by one."""
+    prompts = DP_PROMPTS[:2]
+    check(run_ranks(2, video_jobs.generate, "hunyuanvideo15", dict(ulysses_degree=2), prompts),
+          reference("hunyuanvideo15", prompts))
+
+
 def test_parallel_vae_decode_in_the_engine_equals_one_process(run_ranks):
     """--use-parallel-vae: AutoencoderKLHunyuanVideo15 decodes the latents in row bands over the 2 ranks."""
     degrees = dict(ulysses_degree=2)
