@@ -243,8 +243,21 @@ def test_registry_defaults_equal_diffusers():
             if "max_sequence_length" in call:  # HunyuanDiT's text lengths are fixed by its transformer
                 assert family.max_sequence_length_for(pipeline_class) == call["max_sequence_length"].default
             assert family.default_steps == call["num_inference_steps"].default, pipeline_class
-            assert family.default_guidance == call["guidance_scale"].default, pipeline_class
+            if family.default_guidance_from_guider:  # HunyuanVideo 1.5: the declared guider class's default
+                guider = inspect.signature(getattr(diffusers, pipeline_class).__init__).parameters["guider"]
+                scale = inspect.signature(guider.annotation.__init__).parameters["guidance_scale"].default
+                assert "guidance_scale" not in call and family.default_guidance == scale, pipeline_class
+            else:
+                assert family.default_guidance == call["guidance_scale"].default, pipeline_class
             size, frames = (call["height"].default, call["width"].default), call.get("num_frames")
+            if family.default_pixel_size_by_config:  # HunyuanVideo 1.5: the bucket of the config's target_size
+                key, sizes = family.default_pixel_size_by_config
+                pipe_module = inspect.getmodule(getattr(diffusers, pipeline_class))
+                init = inspect.signature(getattr(diffusers, family.transformer_class).__init__).parameters
+                processor = pipe_module.HunyuanVideo15ImageProcessor(vae_scale_factor=16)
+                for value, pixels in sizes.items():
+                    assert processor.calculate_default_height_width(9, 16, value) == pixels, (pipeline_class, value)
+                size = sizes[init[key].default]
             frames = frames and frames.default
             if family.is_video and size == (None, None):  # CogVideoX: the config's sample_height / _width x its
                 # VAE's 8, and its sample_frames

@@ -18,6 +18,7 @@ from meshdit.testing.tiny_models import sample_image, tiny_flux_pipeline, tiny_p
 PROMPT = "a red cat on a blue square"
 SIZE = dict(height=64, width=48, num_inference_steps=2)
 TEXT = 16  # max_sequence_length, kept small for speed
+PROMPT15 = 'a red cat saying "hi"'  # HunyuanVideo 1.5 encodes quoted text with ByT5 too
 FLUX2_EMBEDS = torch.randn(1, 5, 32, generator=torch.Generator().manual_seed(7))  # tiny FLUX.2 has no text encoder
 
 # name -> (pipeline builder, diffusers __call__ kwargs, meshdit guidance_scale, meshdit request extras)
@@ -73,6 +74,11 @@ CASES = {
     "hunyuanvideo-true-cfg": (lambda: tiny_pipeline("hunyuanvideo-cfg"),
                               dict(prompt=PROMPT, negative_prompt="", true_cfg_scale=3.0, num_frames=5,
                                    max_sequence_length=TEXT), 3.0, {}),
+    # HunyuanVideo 1.5: 1000 Qwen + 256 ByT5 (the quoted glyph text) + 729 image tokens, padding masked; CFG through
+    # the pipeline's guider, whose scale (4.0) meshdit takes as its default (None); scale 1: one branch
+    "hunyuanvideo15": (lambda: tiny_pipeline("hunyuanvideo15"), dict(prompt=PROMPT15, num_frames=5), None, {}),
+    "hunyuanvideo15-no-cfg": (lambda: tiny_pipeline("hunyuanvideo15-nocfg"), dict(prompt=PROMPT15, num_frames=5),
+                              None, {}),
 }
 SIZES = {"ltx": dict(SIZE, height=64, width=96), "ltx-8fps": dict(SIZE, height=64, width=96),
          "ltx-decode-timestep": dict(SIZE, height=64, width=96),
@@ -91,7 +97,7 @@ def test_every_degree_one_gives_the_diffusers_pipeline_image_bit_for_bit(name):
         expected = output.frames if hasattr(output, "frames") else output.images  # [1, H, W, 3], videos [1, F, ...]
     if "max_sequence_length" in diffusers_kwargs:
         extra = {**extra, "max_sequence_length": TEXT}
-    request = GenerateRequest(prompt=PROMPT, **size, seed=3, guidance_scale=guidance, extra=extra,
+    request = GenerateRequest(prompt=diffusers_kwargs.get("prompt", PROMPT), **size, seed=3, guidance_scale=guidance, extra=extra,
                               num_frames=diffusers_kwargs.get("num_frames"), image=diffusers_kwargs.get("image"),
                               fps=diffusers_kwargs.get("frame_rate"))
     engine = Engine(pipe)

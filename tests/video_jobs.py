@@ -31,7 +31,8 @@ def request(name: str, prompts=None, steps: int = 2, seed: int = 3) -> GenerateR
     """Image-to-video (wan-i2v*) animates sample_image() and takes the text at its fixed 512 tokens; CogVideoX's
     sin-cos variant at its 226."""
     i2v = name.startswith("wan-i2v")
-    fixed_text = i2v or name.startswith("cogvideox-sincos")  # 512 (Wan I2V), 226 (the sin-cos table's) tokens
+    # 512 (Wan I2V), 226 (the sin-cos table's), 1000 (HunyuanVideo 1.5's pipeline) tokens
+    fixed_text = i2v or name.startswith(("cogvideox-sincos", "hunyuanvideo15"))
     height, width = size(name)
     extra = {} if fixed_text else {"max_sequence_length": TEXT}
     if name.startswith("ltx"):  # LTX 0.9.1's decode: a nonzero `temb` and the decode noise (cut with the batch)

@@ -29,6 +29,8 @@ class ModelInfo:
     """Video VAEs: frames per latent frame (Wan: 4); 1 for image VAEs."""
     pipeline_config: dict = field(default_factory=dict)
     """model_index.json's pipeline settings (e.g. Wan's boundary_ratio, expand_timesteps)."""
+    guider_scale: float | None = None
+    """The guidance_scale of the pipeline's guider component, where the family guides through one (None: none)."""
 
     @property
     def is_video(self) -> bool:
@@ -47,6 +49,9 @@ class ModelInfo:
     @property
     def default_size(self) -> tuple[int, int]:
         """The pipeline's default (height, width) in pixels."""
+        by_config = self.family.default_pixel_size_by_config
+        if by_config and self.transformer_config.get(by_config[0]) in by_config[1]:
+            return tuple(by_config[1][self.transformer_config[by_config[0]]])
         if self.family.default_pixel_size:
             return self.family.default_pixel_size
         latent = self.family.default_sample_size or int(self.transformer_config["sample_size"])
@@ -62,9 +67,11 @@ class ModelInfo:
         spatial = _first_attribute(pipe, "vae_scale_factor", "vae_scale_factor_spatial", "vae_spatial_compression_ratio")
         temporal = _first_attribute(pipe, "vae_scale_factor_temporal", "vae_temporal_compression_ratio") \
             if family.is_video else None
+        guider = getattr(pipe, "guider", None) if family.default_guidance_from_guider else None
         return cls(source, pipeline_class, family, dict(pipe.transformer.config), int(spatial),
                    type(pipe.scheduler).__name__, int(temporal or 1),
-                   {k: v for k, v in pipe.config.items() if not isinstance(v, (list, tuple))})
+                   {k: v for k, v in pipe.config.items() if not isinstance(v, (list, tuple))},
+                   guider.config.get("guidance_scale") if guider is not None else None)
 
     @classmethod
     def from_pretrained(cls, model: str) -> "ModelInfo":
@@ -87,8 +94,10 @@ class ModelInfo:
         scheduler = index.get("scheduler")  # ["diffusers", "DDPMScheduler"]
         scheduler_class = scheduler[1] if isinstance(scheduler, list) and len(scheduler) == 2 else ""
         settings = {k: v for k, v in index.items() if not isinstance(v, list)}  # components are [library, class]
+        guider = _read_json(model, "guider/guider_config.json") if family.default_guidance_from_guider and \
+            isinstance(index.get("guider"), list) else {}
         return cls(model, pipeline_class, family, transformer, int(vae_scale), str(scheduler_class),
-                   int(temporal or 1), settings)
+                   int(temporal or 1), settings, guider.get("guidance_scale"))
 
     @property
     def is_bundled_model(self) -> bool:
@@ -104,7 +113,8 @@ class ModelInfo:
             return RequestDefaults(bundled.DEFAULT_HEIGHT, bundled.DEFAULT_WIDTH, bundled.DEFAULT_STEPS,
                                    bundled.DEFAULT_GUIDANCE, bundled.DEFAULT_MAX_SEQUENCE_LENGTH)
         family = self.family
-        return RequestDefaults(*self.default_size, family.default_steps, family.default_guidance,
+        guidance = family.default_guidance if self.guider_scale is None else float(self.guider_scale)
+        return RequestDefaults(*self.default_size, family.default_steps, guidance,
                                family.max_sequence_length_for(self.pipeline_class), family.default_num_frames,
                                family.default_fps)
 

@@ -42,6 +42,12 @@ class ModelFamily:
     family, or the transformer config key that says so (FLUX.1: guidance_embeds, true for -dev)."""
     default_pixel_size: tuple[int, int] | None = None
     """(height, width) in pixels where the pipeline's default is not square (Wan: 480 x 832)."""
+    default_pixel_size_by_config: tuple[str, dict] | None = None
+    """(transformer config key, its value -> (height, width)) where the pipeline derives its default size from the
+    config (HunyuanVideo 1.5: a 16:9 bucket of target_size pixels); other values fall back to default_pixel_size."""
+    default_guidance_from_guider: bool = False
+    """Guidance is the pipeline's `guider` component (no __call__ guidance_scale): its guidance_scale is the default
+    (ModelInfo reads guider/guider_config.json); default_guidance is the guider class's own default."""
     # -- video families (default_num_frames set) --
     default_num_frames: int | None = None
     """Frames per video the pipeline defaults to; None: an image family."""
@@ -157,6 +163,16 @@ FAMILIES = (
                 "meshdit.models.hunyuanvideo", packed=False, default_steps=50, default_guidance=6.0,
                 default_max_sequence_length=256, guidance_distilled="guidance_embeds", default_pixel_size=(720, 1280),
                 default_num_frames=129, default_fps=15, vae_temporal_factor_key="temporal_compression_ratio"),
+    # HunyuanVideo 1.5 text-to-video: true CFG through the pipeline's guider; the text is always 1000 Qwen2.5-VL +
+    # 256 ByT5 tokens (the pipeline's fixed lengths) + 729 image tokens, masked where padding, after the video
+    # tokens in every attention. Size: the 16:9 bucket of the transformer's target_size (480p: 640, 720p: 960).
+    ModelFamily("hunyuanvideo15", "HunyuanVideo15Transformer3DModel", ("HunyuanVideo15Pipeline",),
+                "meshdit.models.hunyuanvideo15", packed=False, default_steps=50, default_guidance=7.5,
+                default_max_sequence_length=1000, max_sequence_length_fixed=True, default_pixel_size=(480, 848),
+                default_pixel_size_by_config=("target_size", {640: (480, 848), 960: (720, 1280)}),
+                default_guidance_from_guider=True, default_num_frames=121, default_fps=15,
+                vae_temporal_factor_key="temporal_compression_ratio",
+                refused_transformer_config={"use_meanflow": "the MeanFlow super-resolution model's timestep_r"}),
 )
 
 

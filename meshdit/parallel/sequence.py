@@ -162,18 +162,34 @@ class _MaskedTailAttention:
         return out
 
     def _kept(self, mask, batch: int, head: int, tail: int) -> list[int]:
-        """Tail tokens the boolean key mask [B or 1, 1, 1, head + tail] keeps, per sample.
+        """Tail tokens the boolean mask keeps, per sample: a key mask [B or 1, 1, 1, head + tail], or a query x
+        key mask [B or 1, 1, head + tail, head + tail] that is one (every row equal) or hides padding from both
+        sides (HunyuanVideo 1.5: row i is the key mask where token i is kept, else all False; SDPA gives such a
+        row 0, as the dropped token's output here).
 
-        One host sync per mask: the model passes the same mask tensor to every block of a forward."""
+        A key mask costs one host sync per mask tensor (the model passes the same one to every block of a
+        forward); a query x key mask, which the processor rebuilds in every block, one check and sync per call."""
         if mask is None:
             return [tail] * batch
         cached = self.state.tail_mask
         if cached is not None and cached[0] is mask and cached[1] == (batch, head, tail):
             return cached[2]
-        if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1:3] != (1, 1) or mask.shape[-1] != head + tail:
+        n = head + tail
+        if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] not in (1, n) \
+                or mask.shape[-1] != n:
             raise NotImplementedError(f"{self.module_name}: sequence parallelism takes a boolean key mask "
-                                      f"[B, 1, 1, {head + tail}] here, got {mask.dtype} {tuple(mask.shape)}")
-        keys = mask[:, 0, 0].expand(batch, head + tail).cpu()
+                                      f"[B, 1, 1, {n}] or query x key mask [B, 1, {n}, {n}] here, got {mask.dtype} "
+                                      f"{tuple(mask.shape)}")
+        keys = mask[:, 0].any(dim=-2)  # [B, N]: the keys some query sees
+        if mask.shape[2] > 1:
+            queries = mask[:, 0].any(dim=-1)  # [B, N]: the queries that see some key
+            key_only = bool(queries.all()) and torch.equal(mask[:, 0], keys[:, None, :].expand(-1, n, -1))
+            if not key_only and not (torch.equal(queries, keys)
+                                     and torch.equal(mask[:, 0], queries[:, :, None] & keys[:, None, :])):
+                raise NotImplementedError(f"{self.module_name}: sequence parallelism takes a query x key mask only "
+                                          "as a key mask (every row equal) or one token mask applied to queries and "
+                                          "keys alike; run this model with ulysses/ring degree 1.")
+        keys = keys.expand(batch, n).cpu()
         kept = keys[:, head:].sum(dim=1)
         prefix = torch.arange(tail) < kept[:, None]  # [B, tail]: the mask must keep a prefix of the tail
         if not keys[:, :head].all() or not torch.equal(keys[:, head:], prefix):

@@ -326,6 +326,61 @@ def tiny_hunyuanvideo_pipeline(seed: int = 0, double: int = 1, single: int = 1, 
         tokenizer_2=clip_tokenizer())
 
 
+def qwen_tokenizer():
+    """Word-level, built in code: its chat template puts exactly the 108 tokens HunyuanVideo 1.5's pipeline crops
+    (prompt_template_encode_start_idx) before the prompt, so prompts survive the crop whole and leave padding."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<unk>": 1, **{w: i + 2 for i, w in enumerate(_WORDS)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens([AddedToken("<|im_start|>", normalized=False, special=True)])
+    template = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ '<|im_start|> ' * 108 }}"
+                "{% else %}{{ m['content'] }}{% endif %}{% endfor %}")
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>",
+                                   chat_template=template)
+
+
+def qwen_text_model(hidden: int = 32):
+    from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
+
+    cfg = Qwen2_5_VLTextConfig(vocab_size=32, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=3,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                               rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]}, pad_token_id=0,
+                               bos_token_id=None, eos_token_id=None)
+    return Qwen2_5_VLTextModel(cfg).eval()
+
+
+def byt5_text_model(d_model: int = 32):
+    from transformers import T5Config, T5EncoderModel
+
+    cfg = T5Config(vocab_size=384, d_model=d_model, d_ff=2 * d_model, d_kv=8, num_layers=1, num_heads=4,
+                   relative_attention_num_buckets=8)  # ByT5's 256 bytes + 3 special tokens + 125 extra ids
+    return T5EncoderModel(cfg).eval()
+
+
+def tiny_hunyuanvideo15_pipeline(seed: int = 0, layers: int = 2, guidance_scale: float = 4.0):
+    """HunyuanVideo 1.5 text-to-video: Qwen2.5-VL text (1000 tokens) + ByT5 glyph text (256, for quoted text) +
+    729 image tokens (all masked for text-to-video) after the video tokens; true CFG through its guider. Its VAE
+    compresses 16 x 16 pixels and 4 frames (+1) as the real one does; with patch 1 tokens are 16 pixels wide."""
+    from diffusers import (AutoencoderKLHunyuanVideo15, ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler,
+                           HunyuanVideo15Pipeline, HunyuanVideo15Transformer3DModel)
+    from transformers import ByT5Tokenizer
+
+    torch.manual_seed(seed)
+    transformer = HunyuanVideo15Transformer3DModel(
+        in_channels=9, out_channels=4, num_attention_heads=4, attention_head_dim=8, num_layers=layers,
+        num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=32, text_embed_2_dim=32,
+        image_embed_dim=16, rope_axes_dim=(2, 2, 4), task_type="t2v").eval()
+    vae = AutoencoderKLHunyuanVideo15(latent_channels=4, block_out_channels=(8, 8, 8, 8, 8), layers_per_block=1,
+                                      spatial_compression_ratio=16, temporal_compression_ratio=4).eval()
+    return HunyuanVideo15Pipeline(
+        text_encoder=qwen_text_model(32), tokenizer=qwen_tokenizer(), transformer=transformer, vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0), text_encoder_2=byt5_text_model(32),
+        tokenizer_2=ByT5Tokenizer(), guider=ClassifierFreeGuidance(guidance_scale=guidance_scale))
+
+
 def sample_image(height: int = 48, width: int = 80):
     """A deterministic RGB picture for image-to-video tests (PIL)."""
     from PIL import Image
@@ -363,6 +418,8 @@ BUILDERS = {
     "cogvideox-dpm": lambda seed=0: tiny_cogvideox_pipeline(seed, stochastic=True),
     "hunyuanvideo": tiny_hunyuanvideo_pipeline,
     "hunyuanvideo-cfg": lambda seed=0: tiny_hunyuanvideo_pipeline(seed, guidance_embeds=False),
+    "hunyuanvideo15": tiny_hunyuanvideo15_pipeline,
+    "hunyuanvideo15-nocfg": lambda seed=0: tiny_hunyuanvideo15_pipeline(seed, guidance_scale=1.0),
     # four blocks, for four pipeline stages
     "flux-4blocks": lambda seed=0: tiny_flux_pipeline(seed, double=2, single=2),
     "flux2-4blocks": lambda seed=0: tiny_flux2_pipeline(seed, double=2, single=2),
@@ -377,6 +434,7 @@ BUILDERS = {
     "cogvideox-4blocks": lambda seed=0: tiny_cogvideox_pipeline(seed, layers=4),
     "cogvideox-dpm-4blocks": lambda seed=0: tiny_cogvideox_pipeline(seed, layers=4, stochastic=True),
     "hunyuanvideo-4blocks": lambda seed=0: tiny_hunyuanvideo_pipeline(seed, double=2, single=2),
+    "hunyuanvideo15-4blocks": lambda seed=0: tiny_hunyuanvideo15_pipeline(seed, layers=4),
     # hidden 256 (4 heads x 64): Linear layers wide enough that FP8 scales and biases are a small overhead
     "flux-wide": lambda seed=0: tiny_flux_pipeline(seed, head_dim=64),
 }

@@ -110,6 +110,11 @@ def decode(vae, latents: torch.Tensor, settings: VaeDecodeSettings | None = None
     tiles are its own tiled decode with meshdit's sizes: video_tiling.py).
     """
     settings = settings or VaeDecodeSettings()
+    if type(vae).__name__ == "AutoencoderKLHunyuanVideo15" and latents.dim() == 5 and latents.shape[0] > 1:
+        # its mid attention's causal mask [B, S, S] meets attention scores [B, 1, S, S] and fails for B > 1 (diffusers
+        # 0.42): video by video, which is what it computes for each video (nothing else crosses the batch)
+        return torch.cat([decode(vae, latents[i:i + 1], settings, group, **vae_kwargs)
+                          for i in range(latents.shape[0])])
     video = is_video_vae(vae)
     if latents.dim() != (5 if video else 4):
         shape = "[B, C, F, h, w] for the video VAE " + type(vae).__name__ if video else "[B, C, h, w]"
