@@ -55,13 +55,15 @@ class StaleKV:
             # the ring ranks share the patch's fresh K/V (in SP rank order)
             k, v = (all_gather_uneven(t, 2, layout.run_lens, groups.ring_group) for t in (k, v))
         key = (active.module_name, self._branch)
-        if state.patch is None and state.sp_size == 1:
+        patch = state.patch
+        whole = patch is None or patch[1] - patch[0] == state.full_lens[state.PATCHED_STREAM]
+        if whole and state.sp_size == 1:
             # the whole sequence is fresh and already in buffer order: it becomes the buffer (no copy)
             if self.keep:
                 self.buffers[key] = (_own(k), _own(v))
             keys, values = k, v
         else:
-            keys, values = self._refresh(key, k, v, streams, lens, store=self.keep or state.patch is not None)
+            keys, values = self._refresh(key, k, v, streams, lens, store=self.keep or not whole)
         out = state.local_attention(q, keys, values, scale)
         return ulysses_out(out, groups, layout, num_heads, state.codecs)
 
