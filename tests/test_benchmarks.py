@@ -79,3 +79,22 @@ def test_end_to_end_benchmark_times_both_processes():
         median = float(row.split("|")[2].strip().removesuffix(" s"))
         assert median > 0
     assert "meshdit - floor" in proc.stdout
+
+
+def test_cost_growth_curves_and_chart(tmp_path):
+    """benchmarks.cost_growth turns the runner's sections into per-token curves (the ceiling line is serial
+    seconds / ceiling speedup) and draws them; its full run is the lead's to make (minutes)."""
+    from benchmarks.cost_growth import curves, write_png
+
+    scaling = {"cases": [{"image_tokens": t, "median_seconds": {"serial/forward": 2.0 * t},
+                          "ceiling": {"serial/forward": 1.6},
+                          "methods": {"ulysses2": {"meshdit": {"median_seconds": 1.5 * t}}}} for t in (256, 1024)]}
+    comm = {"cases": [{"image_tokens": t, "methods": {"ulysses2": {"meshdit": {"measured_bytes_per_rank": [t, 2 * t]}}}}
+                      for t in (256, 1024)]}
+    times, sent = curves(scaling, comm)
+    assert times["serial/forward"] == [(256, 512.0), (1024, 2048.0)]
+    assert times["ceiling/forward"] == [(256, 320.0), (1024, 1280.0)]
+    assert times["ulysses2"] == [(256, 384.0), (1024, 1536.0)]
+    assert sent["ulysses2"] == [(256, 512), (1024, 2048)]
+    write_png(times, sent, tmp_path / "c.png", "test")
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
