@@ -1,5 +1,8 @@
 """Side-by-side benchmark runner: `python -m benchmarks.run [--quick] [--out benchmarks/results]`.
 
+Parts can be re-run alone, e.g. `python -m benchmarks.run --methods pipefusion2 cfg2 --tokens 4096 --rounds 5
+--out /tmp/bench` (the overhead section always runs; it is short).
+
 One run measures, on this machine and in one sitting:
   1. overhead   meshdit (all degrees 1) vs the plain diffusers pipeline, interleaved, same image
   2. scaling    2 ranks x 1 thread vs 1 rank x 1 thread, meshdit and diffusers' own context parallelism,
@@ -55,7 +58,7 @@ def scaling_sections(cfg: dict, log) -> tuple[dict, dict, dict]:
 
     from .jobs import scaling_job
 
-    names = [m.name for m in METHODS]
+    names = cfg.get("methods") or [m.name for m in METHODS]
     scaling = {"ranks": RANKS, "threads_per_rank": 1, "unit_note": (
         "forward: one transformer call on the full inputs (split, attention, gather included); "
         "step: one denoising step through Engine.generate (its 'denoise' seconds / steps)"), "cases": [],
@@ -142,9 +145,14 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes and few repeats (seconds, for tests)")
     parser.add_argument("--out", default="benchmarks/results", help="folder for latest.json/.md/.png")
     parser.add_argument("--skip-gpu", action="store_true", help="skip section 5 even where a GPU exists")
+    parser.add_argument("--tokens", type=int, nargs="+", help="image token counts (default: 1024 4096; quick 64 256)")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default: 7; quick 2)")
+    parser.add_argument("--methods", nargs="+", choices=[m.name for m in METHODS],
+                        help="only these methods (with their baselines and ceilings), e.g. pipefusion2 cfg2")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     cfg = settings(args.quick)
+    cfg.update({k: v for k, v in (("tokens", args.tokens), ("rounds", args.rounds), ("methods", args.methods)) if v})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
