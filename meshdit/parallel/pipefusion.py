@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import weakref
 
 import torch
 from torch import nn
@@ -186,7 +187,14 @@ def block_weight(module: nn.Module) -> int:
     return total
 
 
+_SIGNATURES: "weakref.WeakKeyDictionary[nn.Module, inspect.Signature]" = weakref.WeakKeyDictionary()
+
+
 def _named(module, args, kwargs) -> dict:
-    forward = module.forward
-    signature = module.signature if isinstance(module, SkipBlock) else inspect.signature(forward)
+    if isinstance(module, SkipBlock):
+        signature = module.signature
+    else:  # inspect.signature costs as much as a small op; the hooks ask once per block per patch
+        signature = _SIGNATURES.get(module)
+        if signature is None:
+            signature = _SIGNATURES[module] = inspect.signature(module.forward)
     return dict(signature.bind_partial(*args, **kwargs).arguments)
