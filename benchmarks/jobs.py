@@ -33,6 +33,8 @@ from .models import FULL, QUICK, flux_pipeline, param_bytes, pixels_for_tokens, 
 
 PROMPT = "a red cat on a blue square"
 STEP_STEPS = 2  # denoising steps of a "step"-unit run; bytes per step = bytes(2 steps) - bytes(1 step)
+QUICK_MAX_STEPS = 3  # --quick caps a method's own step count (PipeFusion's 20)
+MEMORY_STEPS = 3  # a step-unit memory run: with PipeFusion's 1 warmup step, 2 patch steps (its stale K/V live)
 _SETUPS: dict = {}
 
 
@@ -65,10 +67,11 @@ class _Setup:
                 self.diffusers[m.name] = transformer
 
 
-def _request(tokens: int, text_tokens: int, steps: int, cfg: bool) -> GenerateRequest:
+def _request(tokens: int, text_tokens: int, steps: int, cfg: bool, **settings) -> GenerateRequest:
     px = pixels_for_tokens(tokens)
     return GenerateRequest(prompt=PROMPT, height=px, width=px, num_inference_steps=steps, seed=0,
-                           guidance_scale=3.0 if cfg else 1.0, extra={"max_sequence_length": text_tokens})
+                           guidance_scale=3.0 if cfg else 1.0, extra={"max_sequence_length": text_tokens},
+                           **settings)
 
 
 def _slowest(seconds: float) -> float:
@@ -112,12 +115,14 @@ def scaling_job(size_name: str, method_names: list[str], tokens: int, text_token
             return time.perf_counter() - start
         return ranks, run, timed
 
-    def step_entry(engine, cfg, ranks):
-        def run(steps=STEP_STEPS):
-            return engine.generate(_request(tokens, text_tokens, steps, cfg))
+    def step_entry(engine, cfg, ranks, m=None):
+        timed_steps = _timed_steps(m, size_name)
+
+        def run(steps=timed_steps):
+            return engine.generate(_request(tokens, text_tokens, steps, cfg, **(m.request if m else {})))
 
         def timed():
-            return run().seconds["denoise"] / STEP_STEPS
+            return run().seconds["denoise"] / timed_steps
         return ranks, run, timed
 
     everyone, rank0 = (0, 1), (0,)
@@ -131,7 +136,7 @@ def scaling_job(size_name: str, method_names: list[str], tokens: int, text_token
                                 else step_entry(setup.serial, m.cfg, everyone))
         engine = setup.meshdit[m.name]
         entries[f"{m.name}/meshdit"] = (forward_entry(engine.pipe.transformer, everyone) if m.unit == "forward"
-                                        else step_entry(engine, m.cfg, everyone))
+                                        else step_entry(engine, m.cfg, everyone, m))
         if m.name in setup.diffusers:
             entries[f"{m.name}/diffusers"] = forward_entry(setup.diffusers[m.name], everyone)
 
@@ -143,7 +148,10 @@ def scaling_job(size_name: str, method_names: list[str], tokens: int, text_token
     for label, (ranks, run, _) in entries.items():
         if not _is_reference(label):
             result = run()
-            ref = refs[_baseline(_method_of(setup, label))]
+            m = _method_of(setup, label)
+            ref = refs[_baseline(m)]
+            if m.unit == "step" and _timed_steps(m, size_name) != STEP_STEPS:  # the serial image of as many steps
+                ref = setup.serial.generate(_request(tokens, text_tokens, _timed_steps(m, size_name), m.cfg))
             out["max_abs_diff"][label] = (_max_abs_diff(result, ref) if isinstance(result, torch.Tensor)
                                           else _max_abs_diff(result.images, ref.images))
 
@@ -189,7 +197,7 @@ def scaling_job(size_name: str, method_names: list[str], tokens: int, text_token
         comm_stats.reset()
 
     phase("bytes")
-    # Memory: parameters held, and peak bytes allocated during one forward (or one 1-step generate).
+    # Memory: parameters held, and peak bytes allocated during one forward (or one MEMORY_STEPS-step generate).
     for label, (ranks, run, _) in entries.items():
         dist.barrier()
         if rank not in ranks or label.startswith("ceiling"):
@@ -198,7 +206,7 @@ def scaling_job(size_name: str, method_names: list[str], tokens: int, text_token
         transformer = (setup.base.transformer if label.startswith("serial") else
                        setup.diffusers[m.name] if label.endswith("/diffusers") else setup.meshdit[m.name].pipe.transformer)
         with PeakAllocations() as counter:
-            run() if m.unit == "forward" else run(1)
+            run() if m.unit == "forward" else run(MEMORY_STEPS)
         out["memory"][label] = {"param_bytes": param_bytes(transformer), "peak_activation_bytes": counter.peak_bytes}
     dist.barrier()
     phase("memory")
@@ -216,6 +224,13 @@ class _Phases:
         now = time.perf_counter()
         self.seconds[name] = round(now - self._last, 2)
         self._last = now
+
+
+def _timed_steps(m: Method | None, size_name: str) -> int:
+    """Denoising steps of a timed step-unit run of m (None: a serial baseline)."""
+    if m is None or m.steps is None:
+        return STEP_STEPS
+    return min(m.steps, QUICK_MAX_STEPS) if size_name == "quick" else m.steps
 
 
 def _is_reference(label: str) -> bool:

@@ -48,6 +48,15 @@ def ring_elements(n: int, s: Shape) -> int:
     return s.attention_layers * per_layer + output_gather(n, s)
 
 
+def pipefusion_elements(n: int, s: Shape, patches: int | None = None) -> list[int]:
+    """Per rank, one patch step: each stage but the last sends every patch's carried activations
+    (its [p/M, hs] image rows and the [txt, hs] text stream: Flux carries both) to the next stage;
+    the last stage hands each stepped patch [p/M, out] (Flux: out = the packed latent width) back to
+    stage 0. M = patches (default: one per stage)."""
+    m = patches or n
+    return [(s.image_tokens + m * s.text_tokens) * s.hidden] * (n - 1) + [s.image_tokens * s.out_features]
+
+
 def cfg_elements(n: int, s: Shape) -> int:
     """Each rank runs one branch on the whole sequence; the noise predictions [p, out] are all-gathered."""
     return (n - 1) * s.image_tokens * s.out_features
@@ -60,10 +69,12 @@ class Method:
     diffusers: dict | None = None  # diffusers ContextParallelConfig degrees, None where diffusers has no such method
     unit: str = "forward"  # "forward": one transformer call; "step": one denoising step through Engine.generate
     cfg: bool = False  # the request runs two guidance branches (cond and uncond)
-    formula: Callable[[int, Shape], int] | None = None  # elements one rank sends per step
+    formula: Callable[[int, Shape], int | list[int]] | None = None  # elements one rank (or each rank) sends per step
     formula_text: str = ""
     notes: str = ""
     degree: int = field(default=2)
+    steps: int | None = None  # denoising steps of a timed "step"-unit run (None: the runner's 2)
+    request: dict = field(default_factory=dict)  # GenerateRequest fields of the method (PipeFusion's settings)
 
 
 METHODS: tuple[Method, ...] = (
@@ -73,9 +84,11 @@ METHODS: tuple[Method, ...] = (
            formula_text="L*2*(N-1)*(S/N)*hs + (N-1)*(p/N)*out"),
     Method("cfg2", dict(cfg_degree=2), None, unit="step", cfg=True, formula=cfg_elements,
            formula_text="(N-1)*p*out per step (noise predictions all-gathered)"),
-    Method("pipefusion2", dict(pipefusion_parallel_degree=2), None, unit="step",
-           formula_text="no exact formula yet (stale KV, patch pipeline)",
-           notes="approximate method: timed with the engine's default PipeFusion settings"),
+    Method("pipefusion2", dict(pipefusion_parallel_degree=2), None, unit="step", formula=pipefusion_elements,
+           formula_text="stage 0: (p + M*txt)*hs, stage 1: p*out per patch step (M = 2 patches)",
+           steps=20, request=dict(warmup_steps=1),
+           notes="approximate method (stale K/V): 20 steps, 1 warmup step, 2 patches; time per step = the "
+                 "denoising seconds / 20, warmup and pipeline fill included"),
 )
 
 

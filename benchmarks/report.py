@@ -118,8 +118,9 @@ def write_markdown(r: dict) -> str:
         for name, impls in c["methods"].items():
             for impl, v in impls.items():
                 f = v["formula_bytes"]
+                f_text = (" / ".join(f"{x:,}" for x in f) if isinstance(f, list) else f"{f:,}") if f else "-"
                 lines.append(f"| {c['image_tokens']} | {name} | {impl} | {v['measured_bytes_per_rank'][0]:,} | "
-                             f"{v['measured_bytes_per_rank'][1]:,} | {f'{f:,}' if f else '-'} | "
+                             f"{v['measured_bytes_per_rank'][1]:,} | {f_text} | "
                              f"{v['ratio']:.4f} | {_yes(v['within_tolerance'])} |" if f else
                              f"| {c['image_tokens']} | {name} | {impl} | {v['measured_bytes_per_rank'][0]:,} | "
                              f"{v['measured_bytes_per_rank'][1]:,} | - | - | n/a |")

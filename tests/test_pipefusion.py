@@ -5,7 +5,7 @@ import pytest
 from meshdit.config import GenerateRequest
 from meshdit.errors import ConfigError, RankFailedError
 from meshdit.models.info import ModelInfo
-from meshdit.parallel.pipefusion import balanced_stages
+from meshdit.parallel.pipefusion import balanced_stages, block_weight
 from meshdit.testing.rank_pool import split_layout
 from meshdit.testing.tiny_models import tiny_pipeline
 from tests import sp_jobs
@@ -102,6 +102,14 @@ def _generate_with_env(name, env):
     finally:
         for key in env:
             os.environ.pop(key, None)
+
+
+def test_flux_stages_balance_image_token_work():
+    """A Flux double block has 2.4x a single block's parameters (a text stream, two modulations) but the
+    same work per image token: PipeFusion 2 puts two blocks on each stage, not one and three."""
+    transformer = tiny_pipeline("flux-4blocks").transformer
+    blocks = [*transformer.transformer_blocks, *transformer.single_transformer_blocks]
+    assert balanced_stages([block_weight(b) for b in blocks], 2) == [2, 2]
 
 
 def test_balanced_stages_by_weight():

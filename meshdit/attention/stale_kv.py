@@ -23,10 +23,14 @@ class StaleKV:
     def __init__(self, state) -> None:
         self.state = state  # the sequence hooks' state: patch window, stream lengths, SP groups, codecs
         self._branch: str | None = None
-        self.buffers: dict = {}
+        self.buffers: dict = {}  # (layer, branch) -> (K, V): [B, H/U, all streams' tokens, D], streams in order
+        self.keep = True
+        """Whether whole-image forwards keep their K/V: only when a patch step will read them (the loop
+        says), so warmup steps before the last one, and a run that is all warmup, hold no buffers."""
 
     def reset(self) -> None:
         self.buffers.clear()
+        self.keep = True
 
     @contextmanager
     def for_branch(self, branch: str):
@@ -48,33 +52,49 @@ class StaleKV:
         num_heads = q.shape[1]
         q, k, v = ulysses_in(q, k, v, groups, layout, state.codecs)  # my Ulysses group's tokens, a head shard
         if groups.ring_size > 1:
-            # the ring ranks share the patch's fresh K/V (in SP rank order, as _by_stream expects)
+            # the ring ranks share the patch's fresh K/V (in SP rank order)
             k, v = (all_gather_uneven(t, 2, layout.run_lens, groups.ring_group) for t in (k, v))
-        buffers = self.buffers.setdefault((active.module_name, self._branch), {})
-        keys, values = [], []
+        key = (active.module_name, self._branch)
         patch = state.patch
-        for stream, (fresh_k, fresh_v) in _by_stream(k, v, streams, lens).items():
-            start = patch[0] if patch is not None and stream == state.PATCHED_STREAM else 0
-            if stream not in buffers:
-                shape = (*fresh_k.shape[:2], state.full_lens[stream], fresh_k.shape[-1])
-                buffers[stream] = (fresh_k.new_zeros(shape), fresh_v.new_zeros(shape))
-            buf_k, buf_v = buffers[stream]  # [B, H/U, S_stream, D]
-            buf_k.narrow(2, start, fresh_k.shape[2]).copy_(fresh_k)
-            buf_v.narrow(2, start, fresh_v.shape[2]).copy_(fresh_v)
-            keys.append(buf_k)
-            values.append(buf_v)
-        out = state.local_attention(q, torch.cat(keys, dim=2), torch.cat(values, dim=2), scale)
+        whole = patch is None or patch[1] - patch[0] == state.full_lens[state.PATCHED_STREAM]
+        if whole and state.sp_size == 1:
+            # the whole sequence is fresh and already in buffer order: it becomes the buffer (no copy)
+            if self.keep:
+                self.buffers[key] = (_own(k), _own(v))
+            keys, values = k, v
+        else:
+            keys, values = self._refresh(key, k, v, streams, lens, store=self.keep or not whole)
+        out = state.local_attention(q, keys, values, scale)
         return ulysses_out(out, groups, layout, num_heads, state.codecs)
 
-
-def _by_stream(k, v, streams, lens):
-    """Gathered [rank0: s1 s2 | rank1: s1 s2 | ...] -> {stream: its tokens in order} for k and v."""
-    pieces = {s: ([], []) for s in streams}
-    offset = 0
-    for rank in range(len(next(iter(lens.values())))):
+    def _refresh(self, key, k, v, streams, lens, store: bool):
+        """Writes the fresh K/V (gathered [rank0: s1 s2 | rank1: s1 s2 | ...]) into their places in the
+        buffers; returns the buffers (store=False: of this forward only, the whole sequence being fresh)."""
+        state = self.state
+        starts, total = {}, 0  # each stream's first token in the buffer
         for s in streams:
-            n = lens[s][rank]
-            pieces[s][0].append(k.narrow(2, offset, n))
-            pieces[s][1].append(v.narrow(2, offset, n))
-            offset += n
-    return {s: (torch.cat(ks, dim=2), torch.cat(vs, dim=2)) for s, (ks, vs) in pieces.items()}
+            starts[s], total = total, total + state.full_lens[s]
+        buf_k, buf_v = self.buffers.get(key) if store and key in self.buffers else (None, None)
+        if buf_k is None:
+            shape = (*k.shape[:2], total, k.shape[-1])
+            buf_k, buf_v = k.new_zeros(shape), v.new_zeros(shape)
+            if store:
+                self.buffers[key] = (buf_k, buf_v)
+        patch = state.patch
+        offset = 0
+        for rank in range(state.sp_size):
+            for s in streams:
+                n = lens[s][rank]
+                at = starts[s] + sum(lens[s][:rank]) + (patch[0] if patch is not None and s == state.PATCHED_STREAM
+                                                        else 0)
+                buf_k.narrow(2, at, n).copy_(k.narrow(2, offset, n))
+                buf_v.narrow(2, at, n).copy_(v.narrow(2, offset, n))
+                offset += n
+        return buf_k, buf_v
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """t itself if it is all of its storage, else a copy (keeping a view would keep e.g. a fused QKV alive)."""
+    if t.untyped_storage().nbytes() == t.numel() * t.element_size():
+        return t
+    return t.clone()

@@ -55,6 +55,8 @@ def pipefusion_denoise(recipe: Recipe, state: DenoiseState, pipefusion, sequence
                                     pf.num_stages - 1)
             cancelled_at = i
             break
+        # whole-image K/V are kept only for the patch step after the last warmup step
+        pf.stale_kv.keep = i + 1 == warmup_steps < steps or i >= warmup_steps
         if i == warmup_steps:  # from here on each patch steps its own copy of the scheduler
             patch_schedulers = [_patch_scheduler(main_scheduler, lambda x, p=p: recipe.patch_view(state, x, *p),
                                                  latents.shape) for p in patches]
@@ -72,7 +74,11 @@ def pipefusion_denoise(recipe: Recipe, state: DenoiseState, pipefusion, sequence
             if cfg_size > 1:
                 preds = exchange_branches(preds[local[0]], branches, cfg_group)
             noise_pred = recipe.guide(state, preds)
-            before = latents.clone()  # what stage 0 holds until the hand-back
+            # the hand-back goes in the pieces stage 0 will read next step; stage 0 holds their old values
+            pieces = []
+            if pf.num_stages > 1 and i + 1 < steps:
+                pieces = items(i + 1) if i < warmup_steps else [(row0, row1)]
+            before = [recipe.patch_view(state, latents, q0, q1).clone() for q0, q1 in pieces]
             if i < warmup_steps:
                 latents = recipe.step(state, noise_pred, t, latents)
             else:
@@ -83,11 +89,8 @@ def pipefusion_denoise(recipe: Recipe, state: DenoiseState, pipefusion, sequence
                 finally:
                     recipe.pipe.scheduler = main_scheduler
                 view.copy_(stepped)
-            if pf.num_stages > 1 and i + 1 < steps:
-                # in the pieces stage 0 will read them next step
-                for q0, q1 in (items(i + 1) if i < warmup_steps else [(row0, row1)]):
-                    pf.channel.send_update(recipe.patch_view(state, latents, q0, q1),
-                                           recipe.patch_view(state, before, q0, q1), 0)
+            for (q0, q1), old in zip(pieces, before):
+                pf.channel.send_update(recipe.patch_view(state, latents, q0, q1), old, 0)
     pf.channel.finish()
     if cancelled_at is not None:
         raise GenerationCancelled(cancelled_at)

@@ -11,6 +11,8 @@ cycle in which the last stage hands stepped latents back to stage 0 cannot deadl
 from __future__ import annotations
 
 import inspect
+import re
+import weakref
 
 import torch
 from torch import nn
@@ -163,18 +165,36 @@ def balanced_stages(weights: list[int], num_stages: int) -> list[int]:
     return sizes[::-1]
 
 
-def block_weight(module: nn.Module) -> int:
-    """What a block weighs when stages are balanced: its parameter count.
+# Sub-modules whose work does not grow with the image: adaptive-norm modulation (a linear on the
+# timestep embedding, once per sample) and the text stream (norm1_context, ff_context, attn.add_q_proj,
+# attn.to_add_out: a few dozen tokens). diffusers names them alike across families.
+_NOT_PER_IMAGE_TOKEN = re.compile(r"(^|\.)(norm[^.]*|[^.]*context[^.]*|add_[^.]*|to_add_[^.]*)(\.|$)")
 
-    Counts, not bytes: every rank must split alike, though a rank's own blocks may be in the
-    working dtype, others' still fp32 on the meta device, and FP8 layers (quantized while
-    loading) hold buffers that stand for `stands_for_numel` parameters.
+
+def block_weight(module: nn.Module) -> int:
+    """What a block weighs when stages are balanced: the parameters it applies to every image token.
+
+    A stage's time per patch follows its image-token work, not its parameter bytes: by plain parameter
+    count a Flux double block (two streams, two modulations) weighs 2.4 single blocks, and PipeFusion 2
+    put 3 of 4 equally slow blocks on one stage. Counts, not bytes: every rank must split alike, though
+    a rank's own blocks may be in the working dtype, others' still fp32 on the meta device, and FP8
+    layers (quantized while loading) hold buffers that stand for `stands_for_numel` parameters.
     """
-    return sum(p.numel() for p in module.parameters()) + sum(
-        getattr(m, "stands_for_numel", 0) for m in module.modules())
+    total = 0
+    for name, m in module.named_modules():
+        if not _NOT_PER_IMAGE_TOKEN.search(name):
+            total += sum(p.numel() for p in m.parameters(recurse=False)) + getattr(m, "stands_for_numel", 0)
+    return total
+
+
+_SIGNATURES: "weakref.WeakKeyDictionary[nn.Module, inspect.Signature]" = weakref.WeakKeyDictionary()
 
 
 def _named(module, args, kwargs) -> dict:
-    forward = module.forward
-    signature = module.signature if isinstance(module, SkipBlock) else inspect.signature(forward)
+    if isinstance(module, SkipBlock):
+        signature = module.signature
+    else:  # inspect.signature costs as much as a small op; the hooks ask once per block per patch
+        signature = _SIGNATURES.get(module)
+        if signature is None:
+            signature = _SIGNATURES[module] = inspect.signature(module.forward)
     return dict(signature.bind_partial(*args, **kwargs).arguments)
