@@ -22,6 +22,19 @@ def seq_to_heads(x: torch.Tensor, group: ProcessGroup, seq_lens: list[int], code
     return torch.cat(all_to_all_chunks(send, recv_shapes, group, codec), dim=2)
 
 
+def seq_to_heads_together(xs: list[torch.Tensor], group: ProcessGroup, seq_lens: list[int]) -> list[torch.Tensor]:
+    """seq_to_heads of several same-shape tensors (q, k, v) in one all-to-all instead of one each: the same
+    bytes, a third of the collectives (each a rendezvous of every rank of the group). Exact dtype only.
+    NOTE: every rank of `group` must call it."""
+    b, h, s, d = xs[0].shape
+    me = group_rank(group)
+    heads = split_sizes(h, len(seq_lens))
+    parts = [x.split(heads, dim=1) for x in xs]
+    send = [torch.stack([p[j] for p in parts]) for j in range(len(seq_lens))]  # to rank j: [N, B, H_j, S_me, D]
+    recv_shapes = [(len(xs), b, heads[me], n, d) for n in seq_lens]
+    return list(torch.cat(all_to_all_chunks(send, recv_shapes, group), dim=3).unbind(0))  # N x [B, H_me, S, D]
+
+
 def heads_to_seq(x: torch.Tensor, group: ProcessGroup, seq_lens: list[int], num_heads: int,
                  codec=None) -> torch.Tensor:
     """Inverse of seq_to_heads: [B, H_me, sum(seq_lens), D] -> [B, H, seq_lens[me], D]."""

@@ -15,7 +15,7 @@ from torch.distributed import ProcessGroup
 from ..distributed.comm import group_rank
 from .kernels import attention_with_lse
 from .ring import ring_attention
-from .ulysses import heads_to_seq, seq_to_heads
+from .ulysses import heads_to_seq, seq_to_heads, seq_to_heads_together
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,8 @@ def ulysses_in(q, k, v, groups: SequenceGroups, layout: UspLayout, codecs: WireC
     """[B, H, S_me, D] each -> [B, H/U, run of my Ulysses group, D] each (unchanged when U = 1)."""
     if groups.ulysses_size == 1:
         return q, k, v
+    if codecs.q is codecs.k is codecs.v is None and q.shape == k.shape == v.shape and q.dtype == k.dtype == v.dtype:
+        return tuple(seq_to_heads_together([q, k, v], groups.ulysses_group, layout.member_lens))
     return tuple(seq_to_heads(t, groups.ulysses_group, layout.member_lens, c)
                  for t, c in ((q, codecs.q), (k, codecs.k), (v, codecs.v)))
 
