@@ -92,14 +92,13 @@ def _panel(draw, box, series: dict, title: str, unit: str, font, small) -> None:
 
 
 def write_png(times: dict, sent: dict, path: Path, subtitle: str) -> None:
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import Image, ImageDraw
+
+    from .report import chart_fonts
 
     img = Image.new("RGB", (1400, 560), "white")
     draw = ImageDraw.Draw(img)
-    try:
-        font, small = ImageFont.load_default(size=16), ImageFont.load_default(size=12)
-    except TypeError:  # Pillow < 10.1: one bitmap size
-        font = small = ImageFont.load_default()
+    font, small = chart_fonts()
     draw.text((70, 8), "Cost against image tokens, 2 ranks x 1 thread vs 1 rank (dashed: ceiling of that baseline)",
               fill="black", font=font)
     draw.text((70, 30), subtitle, fill=(90, 90, 90), font=small)

@@ -162,7 +162,7 @@ _COLORS = {"meshdit": (31, 119, 180), "diffusers": (255, 127, 14)}
 
 def write_png(r: dict, path: Path) -> None:
     """Grouped bars: speedup over 1 rank per method and token count, meshdit beside diffusers."""
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import Image, ImageDraw
 
     groups = []  # (label, {impl: speedup})
     ceilings = []  # per group: the ceiling of its baseline, drawn as a black line
@@ -175,10 +175,7 @@ def write_png(r: dict, path: Path) -> None:
     left, right, top, bottom = 70, 20, 60, 80
     img = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(img)
-    try:
-        font, small = ImageFont.load_default(size=16), ImageFont.load_default(size=12)
-    except TypeError:  # Pillow < 10.1: one bitmap size
-        font = small = ImageFont.load_default()
+    font, small = chart_fonts()
     o = r["overhead"]
     draw.text((left, 10), f"Speedup, 2 ranks x 1 thread vs 1 rank x 1 thread ({r['meta']['model']}); "
               f"overhead vs diffusers {o['ratio']:.3f}x", fill="black", font=font)
@@ -217,3 +214,14 @@ def write_png(r: dict, path: Path) -> None:
         draw.rectangle([lx, height - 30, lx + 14, height - 16], fill=_COLORS[impl])
         draw.text((lx + 20, height - 32), impl, fill="black", font=font)
     img.save(path)
+
+
+def chart_fonts(size: int = 16, small: int = 12):
+    """(title font, label font) for the PIL charts; Pillow < 10.1 has one bitmap size only."""
+    from PIL import ImageFont
+
+    try:
+        return ImageFont.load_default(size=size), ImageFont.load_default(size=small)
+    except TypeError:
+        font = ImageFont.load_default()
+        return font, font

@@ -126,7 +126,9 @@ def write_png(rows: list[dict], meta: dict, path: Path) -> None:
     """Seconds per step against tokens, both axes log2: serial, the 2-rank ceiling, each method."""
     import math
 
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import Image, ImageDraw
+
+    from .report import chart_fonts
 
     series = {"serial": [r["serial_s"] for r in rows], "ceiling": [r["ceiling_s"] for r in rows]}
     for label in rows[0]["methods"]:
@@ -135,10 +137,7 @@ def write_png(rows: list[dict], meta: dict, path: Path) -> None:
     width, height, left, right, top, bottom = 820, 480, 70, 250, 60, 60
     img = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(img)
-    try:
-        font, small = ImageFont.load_default(size=15), ImageFont.load_default(size=12)
-    except TypeError:  # Pillow < 10.1: one bitmap size
-        font = small = ImageFont.load_default()
+    font, small = chart_fonts(15)
     draw.text((left, 10), "Video tokens: seconds per denoising step, 2 ranks x 1 thread vs 1 x 1", fill="black",
               font=font)
     draw.text((left, 32), f"{meta['model']}; {meta['date_utc']}; load average at start {meta['load_average_start']}",
@@ -175,7 +174,7 @@ def write_png(rows: list[dict], meta: dict, path: Path) -> None:
 
 def write_markdown(rows: list[dict], meta: dict, skipped: dict) -> str:
     labels = list(rows[0]["methods"])
-    lines = [f"# Video tokens on 2 ranks (`python -m benchmarks.video_scaling`)", "",
+    lines = ["# Video tokens on 2 ranks (`python -m benchmarks.video_scaling`)", "",
              f"{meta['model']}; {meta['rounds']} interleaved rounds, medians; {meta['date_utc']}; "
              f"load average at start {meta['load_average_start']}, at end {meta['load_average_end']}.", "",
              "| latent frames (frames) | tokens | serial s/step | ceiling | "

@@ -17,7 +17,7 @@ from diffusers.pipelines.hunyuan_video1_5.pipeline_hunyuan_video1_5 import retri
 
 from ..denoising.recipe import COND, UNCOND, DenoiseState
 from ..denoising.video import VideoRecipe
-from ..parallel.plan import BlockList, ModelPlan, StagePlan
+from ..parallel.plan import ModelPlan, StagePlan
 from .hunyuanvideo import PLAN as HUNYUANVIDEO_PLAN
 
 # HunyuanVideo 1.0's sequence plan, unchanged: the video tokens split where the patch embedding returns them
@@ -27,10 +27,7 @@ from .hunyuanvideo import PLAN as HUNYUANVIDEO_PLAN
 # token mask). The stages: dual-stream blocks only.
 PLAN = ModelPlan(
     HUNYUANVIDEO_PLAN.sequence,
-    StagePlan(blocks=(
-        BlockList("transformer_blocks", ("hidden_states", "encoder_hidden_states"),
-                  ("hidden_states", "encoder_hidden_states")),
-    )),
+    StagePlan(blocks=HUNYUANVIDEO_PLAN.stages.blocks[:1]),  # 1.0's dual-stream list
 )
 
 
