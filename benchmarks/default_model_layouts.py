@@ -1,7 +1,8 @@
 """Scores the bundled default model's held-out prompts under several layouts (issue: same score under
 every exact layout; PipeFusion with one warmup step loses at most 2 points).
 
-    python -m benchmarks.default_model_layouts [--limit N] [--out benchmarks/results/default_model_layouts.md]
+    python -m benchmarks.default_model_layouts [--limit N] [--size 512] [--layouts "serial,ulysses 2"]
+        [--out FILE]   (default benchmarks/results/default_model_layouts[_SIZE].md)
 
 Every layout generates each evaluation prompt with seed (seed + index), like
 `python -m default_model.evaluate`, through meshdit's Engine on a pool of gloo ranks.
@@ -25,7 +26,7 @@ LAYOUTS = {
 }
 
 
-def generate_all(degrees: dict, prompts: list[str], seed: int, fp8_kwargs: dict | None = None):
+def generate_all(degrees: dict, prompts: list[str], seed: int, fp8_kwargs: dict | None = None, size: int | None = None):
     """Runs on every rank: the default model over `degrees`; returns all images (rank results agree)."""
     import torch
     from diffusers import FluxPipeline
@@ -49,8 +50,8 @@ def generate_all(degrees: dict, prompts: list[str], seed: int, fp8_kwargs: dict 
     with torch.inference_mode():
         for i, prompt in enumerate(prompts):
             request = GenerateRequest(
-                prompt=prompt, negative_prompt=dm.DEFAULT_NEGATIVE_PROMPT, height=dm.DEFAULT_HEIGHT,
-                width=dm.DEFAULT_WIDTH, num_inference_steps=dm.DEFAULT_STEPS, guidance_scale=dm.DEFAULT_GUIDANCE,
+                prompt=prompt, negative_prompt=dm.DEFAULT_NEGATIVE_PROMPT, height=size or dm.DEFAULT_HEIGHT,
+                width=size or dm.DEFAULT_WIDTH, num_inference_steps=dm.DEFAULT_STEPS, guidance_scale=dm.DEFAULT_GUIDANCE,
                 seed=seed + i, extra={"max_sequence_length": dm.DEFAULT_MAX_SEQUENCE_LENGTH}, **settings)
             images.append(engine.generate(request).images[0])
     engine.close()
@@ -65,17 +66,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, default=None, help="only the first N evaluation prompts")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="benchmarks/results/default_model_layouts.md")
+    parser.add_argument("--size", type=int, default=None, help="height and width (default: the model's 256)")
+    parser.add_argument("--layouts", default=None,
+                        help=f"comma-separated subset of: {', '.join(LAYOUTS)} (serial always runs first)")
+    parser.add_argument("--out", default=None,
+                        help="table file (default benchmarks/results/default_model_layouts[_SIZE].md)")
     args = parser.parse_args()
+    out = args.out or f"benchmarks/results/default_model_layouts{f'_{args.size}' if args.size else ''}.md"
     prompts = list(dataset.EVAL_PROMPTS[: args.limit] if args.limit else dataset.EVAL_PROMPTS)
+    names = list(LAYOUTS) if args.layouts is None else ["serial"] + [
+        n.strip() for n in args.layouts.split(",") if n.strip() != "serial"]
+    unknown = [n for n in names if n not in LAYOUTS]
+    if unknown:
+        raise SystemExit(f"unknown layouts {unknown}; choose from: {', '.join(LAYOUTS)}")
     rows, serial = [], None
     try:
-        for name, degrees in LAYOUTS.items():
+        for name in names:
+            degrees = LAYOUTS[name]
             world = split_layout(degrees)[0].world_size
             if world == 1:
-                images, seconds = generate_all(degrees, prompts, args.seed)
+                images, seconds = generate_all(degrees, prompts, args.seed, size=args.size)
             else:
-                images, seconds = get_pool(world).run(generate_all, degrees, prompts, args.seed, timeout=3600)[0]
+                images, seconds = get_pool(world).run(generate_all, degrees, prompts, args.seed, None, args.size,
+                                                      timeout=3600)[0]
             score = 100.0 * sum(score_image(img, p) for img, p in zip(images, prompts)) / len(prompts)
             serial = images if serial is None else serial
             diff = float(np.abs(images - serial).max())
@@ -86,12 +99,14 @@ def main() -> None:
                   f"{seconds / len(prompts):.2f} s/image", flush=True)
     finally:
         close_all_pools()
-    lines = [f"Default model, {len(prompts)} held-out prompts, seeds {args.seed}..{args.seed + len(prompts) - 1} "
-             f"(`python -m benchmarks.default_model_layouts`)", "",
+    size = args.size or 256
+    lines = [f"Default model, {len(prompts)} held-out prompts at {size}x{size}, seeds {args.seed}.."
+             f"{args.seed + len(prompts) - 1} (`python -m benchmarks.default_model_layouts"
+             f"{f' --size {args.size}' if args.size else ''}`)", "",
              "| layout | ranks | score | max abs diff vs serial | PSNR vs serial | s / image |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {n} | {w} | {s:.1f}% | {d:.1e} | {p:.1f} dB | {t:.2f} |" for n, w, s, d, p, t in rows]
-    with open(args.out, "w") as f:
+    with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

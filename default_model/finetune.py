@@ -134,12 +134,19 @@ def caption_batch(scenes: list[D.Scene], rng: np.random.Generator, fixed_share: 
 
 def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed: int, lr: float,
           fixed_share: float, save_every: float, drop: float = 0.1, obj_weight: float = 4.0,
-          ema_decay: float = 0.995, base_batch: int = BASE_BATCH) -> bool:
+          ema_decay: float = 0.995, base_batch: int = BASE_BATCH, replan: int | None = None) -> bool:
     """Trains for `minutes` of wall time or what is left of the plan's steps; True once the plan is complete."""
     from diffusers import AutoencoderKL, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5EncoderModel
 
     state = torch.load(ckpt / "state.pt")
+    if replan is not None and replan != state["plan_steps"]:
+        if replan <= state["step"]:
+            raise SystemExit(f"--replan {replan}: the checkpoint is already at step {state['step']}")
+        log(f"plan changed from {state['plan_steps']} to {replan} steps at step {state['step']}")
+        with open(ckpt / "steps.txt", "a") as f:
+            f.write(f"plan {state['plan_steps']} -> {replan} steps at step {state['step']}\n")
+        state["plan_steps"] = replan
     plan, trained0, step0 = state["plan_steps"], state["trained_s"], state["step"]
     budget = minutes * 60
     if step0 >= plan:
@@ -245,6 +252,9 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=60.0, help="training time of this run")
     ap.add_argument("--plan-steps", type=int, default=16000,
                     help="optimizer steps of the whole schedule, over all runs (fixed when CHECKPOINT is new)")
+    ap.add_argument("--replan", type=int, default=None,
+                    help="change an existing checkpoint's plan to this many steps (the cosine continues from "
+                         "the current step's fraction of the new plan)")
     ap.add_argument("--save-every", type=float, default=10.0, help="minutes between checkpoints")
     ap.add_argument("--lr", type=float, default=2.5e-4, help="peak rate (the last segment of the first training's)")
     ap.add_argument("--fixed-share", type=float, default=0.2, help="captions in the fixed grammar (keeps the 56)")
@@ -260,7 +270,8 @@ def main() -> None:
         start(args.init_from, args.checkpoint, args.seed, args.plan_steps)
     make_latents(args.checkpoint, cache, images, args.seed)
     if args.minutes > 0:
-        train(args.checkpoint, cache, images, args.minutes, args.seed, args.lr, args.fixed_share, args.save_every)
+        train(args.checkpoint, cache, images, args.minutes, args.seed, args.lr, args.fixed_share, args.save_every,
+              replan=args.replan)
     if args.save:
         save_pipeline(args.checkpoint, args.save)
     log(f"total {time.time() - t0:.0f}s")

@@ -2,6 +2,7 @@
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from default_model import dataset as D
@@ -28,11 +29,14 @@ def test_runs_resume_one_schedule_until_the_plan_is_spent_then_save(tmp_path):
     assert not F.train(ckpt, cache, images, minutes=0.01, **run)
     first = torch.load(ckpt / "state.pt")
     assert first["step"] > 0 and 0 < first["trained_s"] < 60 and first["opt"] is not None
-    # Leave 3 steps of the plan: a long run trains only those, then the plan is complete.
-    torch.save({**first, "plan_steps": first["step"] + 3}, ckpt / "state.pt")
-    assert F.train(ckpt, cache, images, minutes=10, **run)
+    with pytest.raises(SystemExit, match="already at step"):  # a plan cannot end before the checkpoint
+        F.train(ckpt, cache, images, minutes=10, replan=first["step"], **run)
+    # Replan to 3 steps more: a long run trains only those, then the plan is complete (and stays replanned).
+    assert F.train(ckpt, cache, images, minutes=10, replan=first["step"] + 3, **run)
     second = torch.load(ckpt / "state.pt")
-    assert second["step"] == first["step"] + 3 and first["trained_s"] < second["trained_s"] < first["trained_s"] + 60
+    assert second["step"] == first["step"] + 3 and second["plan_steps"] == first["step"] + 3
+    assert first["trained_s"] < second["trained_s"] < first["trained_s"] + 60
+    assert f"plan 10000 -> {first['step'] + 3} steps" in (ckpt / "steps.txt").read_text()
     assert F.train(ckpt, cache, images, minutes=10, **run)  # nothing left: no step
     assert torch.load(ckpt / "state.pt")["step"] == second["step"]
     F.save_pipeline(ckpt, tmp_path / "out")
