@@ -15,7 +15,11 @@ from torch.distributed import ProcessGroup
 from ..distributed.comm import group_rank
 from .kernels import attention_with_lse
 from .ring import ring_attention
-from .ulysses import heads_to_seq, seq_to_heads, seq_to_heads_together
+from .ulysses import heads_to_seq, pipelined_ulysses_attention, seq_to_heads, seq_to_heads_together
+
+ULYSSES_CHUNKS = 2
+"""Head groups that Ulysses-only attention sends one after another, so that messages overlap attention
+(1: one all-to-all for q/k/v and one for the output, nothing overlapped)."""
 
 
 @dataclass(frozen=True)
@@ -62,12 +66,22 @@ def usp_attention(
     """
     layout = UspLayout.of(groups, seq_lens)
     num_heads = q.shape[1]
+    if _pipelines(q, k, v, groups, codecs):
+        return pipelined_ulysses_attention(q, k, v, groups.ulysses_group, seq_lens,
+                                           lambda q_, k_, v_: local_attention(q_, k_, v_, scale), ULYSSES_CHUNKS)
     q, k, v = ulysses_in(q, k, v, groups, layout, codecs)  # [B, H/U, run_lens[ring_me], D]
     if groups.ring_size > 1:
         out = ring_attention(q, k, v, groups.ring_group, layout.run_lens, scale, codecs.ring, lse_attention)
     else:
         out = local_attention(q, k, v, scale)
     return ulysses_out(out, groups, layout, num_heads, codecs)  # [B, H, seq_lens[sp_rank], D]
+
+
+def _pipelines(q, k, v, groups: SequenceGroups, codecs: WireCodecs) -> bool:
+    """Ulysses alone, exact wire, q/k/v alike, and every rank holding at least one head per chunk."""
+    return (ULYSSES_CHUNKS > 1 and groups.ring_size == 1 and groups.ulysses_size > 1 and codecs == EXACT
+            and q.shape == k.shape == v.shape and q.dtype == k.dtype == v.dtype
+            and q.shape[1] // groups.ulysses_size >= ULYSSES_CHUNKS)
 
 
 @dataclass(frozen=True)
