@@ -104,10 +104,16 @@ def scaling_job(size_name: str, method_names: list[str], tokens: int, text_token
     # label -> (ranks that run it, fn returning the result, fn returning the timed seconds)
     entries: dict[str, tuple] = {}
 
-    def forward_entry(transformer, ranks):
+    def forward_entry(transformer, ranks, chunks=None):
         def run():
-            with torch.inference_mode():
-                return transformer(**inputs)[0]
+            from meshdit.attention import usp
+
+            default, usp.ULYSSES_CHUNKS = usp.ULYSSES_CHUNKS, chunks or usp.ULYSSES_CHUNKS
+            try:
+                with torch.inference_mode():
+                    return transformer(**inputs)[0]
+            finally:
+                usp.ULYSSES_CHUNKS = default
 
         def timed():
             start = time.perf_counter()
@@ -135,7 +141,8 @@ def scaling_job(size_name: str, method_names: list[str], tokens: int, text_token
             entries[ceiling] = (forward_entry(setup.base.transformer, everyone) if m.unit == "forward"
                                 else step_entry(setup.serial, m.cfg, everyone))
         engine = setup.meshdit[m.name]
-        entries[f"{m.name}/meshdit"] = (forward_entry(engine.pipe.transformer, everyone) if m.unit == "forward"
+        entries[f"{m.name}/meshdit"] = (forward_entry(engine.pipe.transformer, everyone, m.ulysses_chunks)
+                                        if m.unit == "forward"
                                         else step_entry(engine, m.cfg, everyone, m))
         if m.name in setup.diffusers:
             entries[f"{m.name}/diffusers"] = forward_entry(setup.diffusers[m.name], everyone)
