@@ -39,6 +39,6 @@ from .stats import CommStats, comm_stats
 
 __all__ = [
     "CommStats", "PendingAllToAll", "PipeChannel", "RingExchange", "all_gather", "all_gather_uneven", "all_reduce",
-    "all_to_all_chunks", "all_to_all_chunks_async", "broadcast", "broadcast_from", "broadcast_object", "comm_stats", "exchange_with_neighbours",
-    "group_rank", "group_size", "recv_into", "send", "split_sizes",
+    "all_to_all_chunks", "all_to_all_chunks_async", "broadcast", "broadcast_from", "broadcast_object", "comm_stats",
+    "exchange_with_neighbours", "group_rank", "group_size", "recv_into", "send", "split_sizes",
 ]
