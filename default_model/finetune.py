@@ -43,9 +43,16 @@ from .train import encode_captions, log, rectified_flow_loss, to_tensor
 
 GRAMMAR = "natural"
 DEFAULT_IMAGES = "256:6000,320:1500,384:1500,448:1500,512:3000"  # size:count of the latent cache
-SIZE_WEIGHTS = {256: 0.4, 320: 0.1, 384: 0.1, 448: 0.1, 512: 0.3}  # share of steps per size (others: 0.1)
+DEFAULT_SIZE_WEIGHTS = "256:0.4,320:0.1,384:0.1,448:0.1,512:0.3"  # share of steps per size (others: 0.1)
 BASE_BATCH = 16  # images per step at 256 px; a size s gets about 16 * (256 / s)^2 (same tokens)
 SCENE_FIELDS = ("colour", "shape", "count", "position", "background")
+
+
+def parse_size_weights(text: str) -> dict[int, float]:
+    weights = {int(s): float(w) for s, w in (part.split(":") for part in text.split(","))}
+    if any(w < 0 for w in weights.values()) or not sum(weights.values()) > 0:
+        raise SystemExit(f"--size-weights must be non-negative with a positive sum: {text}")
+    return weights
 
 
 def parse_images(text: str) -> dict[int, int]:
@@ -134,7 +141,8 @@ def caption_batch(scenes: list[D.Scene], rng: np.random.Generator, fixed_share: 
 
 def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed: int, lr: float,
           fixed_share: float, save_every: float, drop: float = 0.1, obj_weight: float = 4.0,
-          ema_decay: float = 0.995, base_batch: int = BASE_BATCH, replan: int | None = None) -> bool:
+          ema_decay: float = 0.995, base_batch: int = BASE_BATCH, replan: int | None = None,
+          size_weights: dict[int, float] | None = None) -> bool:
     """Trains for `minutes` of wall time or what is left of the plan's steps; True once the plan is complete."""
     from diffusers import AutoencoderKL, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5EncoderModel
@@ -169,10 +177,12 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     tokenizers = C.clip_tokenizer(GRAMMAR), C.t5_tokenizer(GRAMMAR)
     data = load_latents(cache, images)
     sizes = sorted(data)
-    probs = np.array([SIZE_WEIGHTS.get(s, 0.1) for s in sizes])
+    weights = size_weights or parse_size_weights(DEFAULT_SIZE_WEIGHTS)
+    probs = np.array([weights.get(s, 0.1) for s in sizes])
     probs /= probs.sum()
     log(f"training from step {step0} of {plan} ({trained0 / 60:.1f} min trained) for up to {budget / 60:.1f} min; "
-        f"sizes {sizes}, batches {[batch_for(s, base_batch) for s in sizes]}")
+        f"sizes {sizes}, step shares {[round(float(p), 3) for p in probs]}, "
+        f"batches {[batch_for(s, base_batch) for s in sizes]}")
 
     t0, step, avg, last_save, done_s = time.time(), 0, None, time.time(), 0.0  # done_s: training time, saves excluded
 
@@ -214,7 +224,8 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     save()
     log(f"trained {step} steps in {done_s:.0f}s, loss {avg:.4f}; checkpoint at step {step0 + step}")
     with open(ckpt / "steps.txt", "a") as f:
-        f.write(f"steps {step0}-{step0 + step} {done_s:.0f}s loss {avg:.5f}\n")
+        f.write(f"steps {step0}-{step0 + step} {done_s:.0f}s loss {avg:.5f} peak lr {lr:g} colourless "
+                f"{K.COLOURLESS_SHARE:g} (sizes {dict(zip(sizes, [round(float(p), 3) for p in probs]))})\n")
     return step0 + step >= plan
 
 
@@ -255,6 +266,8 @@ def main() -> None:
     ap.add_argument("--replan", type=int, default=None,
                     help="change an existing checkpoint's plan to this many steps (the cosine continues from "
                          "the current step's fraction of the new plan)")
+    ap.add_argument("--size-weights", default=DEFAULT_SIZE_WEIGHTS,
+                    help="size:share,... of training steps per cached size (sizes not named: 0.1)")
     ap.add_argument("--save-every", type=float, default=10.0, help="minutes between checkpoints")
     ap.add_argument("--lr", type=float, default=2.5e-4, help="peak rate (the last segment of the first training's)")
     ap.add_argument("--fixed-share", type=float, default=0.2, help="captions in the fixed grammar (keeps the 56)")
@@ -271,7 +284,7 @@ def main() -> None:
     make_latents(args.checkpoint, cache, images, args.seed)
     if args.minutes > 0:
         train(args.checkpoint, cache, images, args.minutes, args.seed, args.lr, args.fixed_share, args.save_every,
-              replan=args.replan)
+              replan=args.replan, size_weights=parse_size_weights(args.size_weights))
     if args.save:
         save_pipeline(args.checkpoint, args.save)
     log(f"total {time.time() - t0:.0f}s")
