@@ -77,7 +77,7 @@ SIZE_RANGE = (0.12, 0.15)
 class Scene:
     """What an image shows; `caption` is its prompt."""
 
-    colour: str
+    colour: str | None  # None only in a prompt: any colour
     shape: str
     count: int
     position: str | None  # only for count == 1 (None in a prompt: anywhere)
@@ -104,10 +104,10 @@ def prompt_words(prompt: str) -> list[str]:
 
 def parse_prompt(prompt: str) -> Scene:
     """What a prompt asks for, from its words: the fixed captions (inverse of Scene.caption) and the
-    natural ones (articles, digits, any order, case, punctuation). Background None: any background;
+    natural ones (articles, digits, any order, case, punctuation). Colour or background None: any;
     position None for a single shape: anywhere."""
     words = prompt_words(prompt)
-    colour = next(c for c in COLOURS if c in words)
+    colour = next((c for c in COLOURS if c in words), None)
     shape = next(s for s in SHAPES if s in words or s + "s" in words)
     count = next((NUMBER_WORDS[w] for w in words if w in NUMBER_WORDS), 1)  # "a"/"an": one
     background = next((b for b in BACKGROUNDS if b in words), None)
