@@ -120,13 +120,13 @@ def say(scene: D.Scene, order: str, form: str, case: str = "lower", period: bool
     return out + ("." if period else "")
 
 
-def natural_caption(scene: D.Scene, rng: np.random.Generator) -> str:
+def natural_caption(scene: D.Scene, rng: np.random.Generator, colourless: float = COLOURLESS_SHARE) -> str:
     """A natural caption of an image showing `scene` (every field set): the position is said 60 % of the
-    time, the background 70 %, the colour 85 %, so the model learns that what a caption leaves out can
-    be anything."""
+    time, the background 70 %, the colour all but `colourless` of the time, so the model learns that what
+    a caption leaves out can be anything."""
     position = scene.position if scene.count == 1 and rng.random() < 0.6 else None
     background = scene.background if rng.random() < 0.7 else None
-    colour = None if rng.random() < COLOURLESS_SHARE else scene.colour
+    colour = None if rng.random() < colourless else scene.colour
     said = D.Scene(colour, scene.shape, scene.count, position, background)
     form = (ONE_FORMS if scene.count == 1 else GROUP_FORMS)[rng.integers(2 if scene.count > 1 else 4)]
     orders = [o for o in TRAINING_ORDERS if ("P" in o) == (position is not None) and ("B" in o) == (background is not None)]

@@ -131,18 +131,20 @@ def load_latents(cache: Path, images: dict[int, int]) -> dict[int, dict]:
 # ---------------------------------------------------------------- train
 
 
-def caption_batch(scenes: list[D.Scene], rng: np.random.Generator, fixed_share: float, drop: float) -> list[str]:
+def caption_batch(scenes: list[D.Scene], rng: np.random.Generator, fixed_share: float, drop: float,
+                  colourless: float = K.COLOURLESS_SHARE) -> list[str]:
     out = []
     for scene in scenes:
         u = rng.random()
-        out.append("" if u < drop else scene.caption if u < drop + fixed_share else K.natural_caption(scene, rng))
+        natural = u >= drop + fixed_share
+        out.append(K.natural_caption(scene, rng, colourless) if natural else "" if u < drop else scene.caption)
     return out
 
 
 def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed: int, lr: float,
           fixed_share: float, save_every: float, drop: float = 0.1, obj_weight: float = 4.0,
           ema_decay: float = 0.995, base_batch: int = BASE_BATCH, replan: int | None = None,
-          size_weights: dict[int, float] | None = None) -> bool:
+          size_weights: dict[int, float] | None = None, colourless: float = K.COLOURLESS_SHARE) -> bool:
     """Trains for `minutes` of wall time or what is left of the plan's steps; True once the plan is complete."""
     from diffusers import AutoencoderKL, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5EncoderModel
@@ -182,7 +184,8 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     probs /= probs.sum()
     log(f"training from step {step0} of {plan} ({trained0 / 60:.1f} min trained) for up to {budget / 60:.1f} min; "
         f"sizes {sizes}, step shares {[round(float(p), 3) for p in probs]}, "
-        f"batches {[batch_for(s, base_batch) for s in sizes]}")
+        f"batches {[batch_for(s, base_batch) for s in sizes]}, fixed captions {fixed_share:g}, "
+        f"colourless {colourless:g}")
 
     t0, step, avg, last_save, done_s = time.time(), 0, None, time.time(), 0.0  # done_s: training time, saves excluded
 
@@ -201,7 +204,7 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
         size = int(rng.choice(sizes, p=probs))
         idx = rng.integers(0, len(data[size]["scenes"]), size=batch_for(size, base_batch))
         x0 = (data[size]["z"][torch.from_numpy(idx)] - shift) * scale  # [B, 4, s/8, s/8]
-        texts = caption_batch([data[size]["scenes"][i] for i in idx], rng, fixed_share, drop)
+        texts = caption_batch([data[size]["scenes"][i] for i in idx], rng, fixed_share, drop, colourless)
         seq, pooled = encode_captions(clip, tokenizers[0], t5, tokenizers[1], texts)  # [B, 32, 64], [B, 64]
         loss = rectified_flow_loss(model, x0, seq, pooled, obj_weight)
         opt.zero_grad(set_to_none=True)
@@ -225,7 +228,7 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     log(f"trained {step} steps in {done_s:.0f}s, loss {avg:.4f}; checkpoint at step {step0 + step}")
     with open(ckpt / "steps.txt", "a") as f:
         f.write(f"steps {step0}-{step0 + step} {done_s:.0f}s loss {avg:.5f} peak lr {lr:g} colourless "
-                f"{K.COLOURLESS_SHARE:g} (sizes {dict(zip(sizes, [round(float(p), 3) for p in probs]))})\n")
+                f"{colourless:g} fixed {fixed_share:g} (sizes {dict(zip(sizes, [round(float(p), 3) for p in probs]))})\n")
     return step0 + step >= plan
 
 
@@ -271,6 +274,8 @@ def main() -> None:
     ap.add_argument("--save-every", type=float, default=10.0, help="minutes between checkpoints")
     ap.add_argument("--lr", type=float, default=2.5e-4, help="peak rate (the last segment of the first training's)")
     ap.add_argument("--fixed-share", type=float, default=0.2, help="captions in the fixed grammar (keeps the 56)")
+    ap.add_argument("--colourless", type=float, default=K.COLOURLESS_SHARE,
+                    help="share of natural captions without the colour word (trains the shape word alone)")
     ap.add_argument("--save", type=Path, default=None, help="write the pipeline folder here after training")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
@@ -284,7 +289,8 @@ def main() -> None:
     make_latents(args.checkpoint, cache, images, args.seed)
     if args.minutes > 0:
         train(args.checkpoint, cache, images, args.minutes, args.seed, args.lr, args.fixed_share, args.save_every,
-              replan=args.replan, size_weights=parse_size_weights(args.size_weights))
+              replan=args.replan, size_weights=parse_size_weights(args.size_weights),
+              colourless=args.colourless)
     if args.save:
         save_pipeline(args.checkpoint, args.save)
     log(f"total {time.time() - t0:.0f}s")
