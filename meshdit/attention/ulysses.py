@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch.distributed import ProcessGroup
 
-from ..distributed.comm import all_to_all_chunks, all_to_all_chunks_async, group_rank, split_sizes
+from ..distributed.comm import all_to_all_chunks, all_to_all_flat_async, group_rank, split_sizes
 
 
 def seq_to_heads(x: torch.Tensor, group: ProcessGroup, seq_lens: list[int], codec=None) -> torch.Tensor:
@@ -60,25 +60,41 @@ def pipelined_ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                                 seq_lens: list[int], attend, chunks: int = 2) -> torch.Tensor:
     """Ulysses attention with its messages overlapped by attention: heads travel in `chunks` groups.
 
-    q, k, v: [B, H, seq_lens[me], D] (one dtype, working precision) -> [B, H, seq_lens[me], D].
+    q, k, v: [B, H, seq_lens[me], D] (one dtype, working precision) -> [B, H, seq_lens[me], D], a view of a
+    [B, seq_lens[me], H, D] tensor (the layout diffusers' processors flatten, so they need no copy).
     Every chunk's q/k/v all-to-all is posted at once; chunk c's attention runs while chunk c+1's
     inputs and chunk c-1's outputs travel. Attention is per head, so this equals seq_to_heads,
     attend and heads_to_seq on all heads (same kernel, each head's rows the same). Needs
     min(heads per rank) >= chunks. NOTE: every rank of `group` must call it.
+
+    The wire is token-major ([tokens, B, 3, heads, D] in, [tokens, B, heads, D] out): what arrives from
+    the ranks, in rank order, is already the whole sequence, so attention reads the receive buffer as it
+    is (strided q/k/v), and each element is copied once on the way in and once on the way out.
     """
     b, h, s, d = q.shape
-    me = group_rank(group)
+    me, total = group_rank(group), sum(seq_lens)
     plan = head_chunks(split_sizes(h, len(seq_lens)), chunks)
     inputs = []
-    for per_rank in plan:  # to rank j: [3, B, heads of chunk c on rank j, S_me, D]
-        send = [torch.stack([x.narrow(1, h0, n) for x in (q, k, v)]) for h0, n in per_rank]
+    for per_rank in plan:
+        flat = q.new_empty(s * b * 3 * sum(n for _, n in per_rank) * d)
+        splits = [s * b * 3 * n * d for _, n in per_rank]
+        for (h0, n), piece in zip(per_rank, flat.split(splits)):  # to rank j: [S_me, B, 3, n_j, D]
+            piece = piece.view(s, b, 3, n, d)
+            for i, x in enumerate((q, k, v)):
+                piece[:, :, i].copy_(x.narrow(1, h0, n).permute(2, 0, 1, 3))
         n_me = per_rank[me][1]
-        inputs.append(all_to_all_chunks_async(send, [(3, b, n_me, n, d) for n in seq_lens], group))
+        inputs.append(all_to_all_flat_async(flat, splits, [m * b * 3 * n_me * d for m in seq_lens], group))
     outputs = []
     for c, per_rank in enumerate(plan):
-        q_c, k_c, v_c = torch.cat(inputs[c].wait(), dim=3).unbind(0)  # [B, heads_c, S, D] each
-        out = attend(q_c, k_c, v_c)  # [B, heads_c, S, D]
-        send = list(out.split(seq_lens, dim=2))  # to rank j: its tokens of my chunk-c heads
-        outputs.append(all_to_all_chunks_async(send, [(b, n, seq_lens[me], d) for _, n in per_rank], group))
-    received = [pending.wait() for pending in outputs]  # [c][j]: [B, heads of chunk c on rank j, S_me, D]
-    return torch.cat([received[c][j] for j in range(len(seq_lens)) for c in range(chunks)], dim=1)
+        n_me = per_rank[me][1]
+        qkv = inputs[c].wait_flat().view(total, b, 3, n_me, d)  # every rank's tokens, in rank order
+        out = attend(*(qkv[:, :, i].permute(1, 2, 0, 3) for i in range(3)))  # [B, n_me, S, D]
+        flat = out.permute(2, 0, 1, 3).reshape(-1)  # [S, B, n_me, D]: rank j's tokens are the j-th run
+        outputs.append(all_to_all_flat_async(flat, [m * b * n_me * d for m in seq_lens],
+                                             [s * b * n * d for _, n in per_rank], group))
+    merged = q.new_empty(b, s, h, d)
+    for c, per_rank in enumerate(plan):
+        received = outputs[c].wait_flat().split([s * b * n * d for _, n in per_rank])
+        for (h0, n), piece in zip(per_rank, received):  # from rank j: [S_me, B, n_j, D] of its chunk-c heads
+            merged[:, :, h0:h0 + n].copy_(piece.view(s, b, n, d).transpose(0, 1))
+    return merged.permute(0, 2, 1, 3)  # [B, H, S_me, D]

@@ -60,38 +60,39 @@ def all_to_all_chunks(
 
 
 class PendingAllToAll:
-    """An all-to-all in flight (all_to_all_chunks_async); wait() gives the chunks received from each rank."""
+    """An all-to-all in flight (all_to_all_flat_async); wait_flat() gives the whole receive buffer."""
 
-    def __init__(self, work, flat_out: torch.Tensor, out_splits: list[int], recv_shapes, keep: torch.Tensor):
-        self._work, self._flat_out, self._out_splits, self._recv_shapes = work, flat_out, out_splits, recv_shapes
+    def __init__(self, work, flat_out: torch.Tensor, keep: torch.Tensor):
+        self._work, self._flat_out = work, flat_out
         self._keep = keep  # the send buffer must live until the work completes
 
-    def wait(self) -> list[torch.Tensor]:
+    def wait_flat(self) -> torch.Tensor:
         if self._work is not None:
             with timeline.span("all_to_all"):
                 self._work.wait()
             self._work = self._keep = None
-        return [c.view(s) for c, s in zip(self._flat_out.split(self._out_splits), self._recv_shapes)]
+        return self._flat_out
 
 
-def all_to_all_chunks_async(send: list[torch.Tensor], recv_shapes: list[tuple[int, ...]],
-                            group: dist.ProcessGroup | None) -> PendingAllToAll:
-    """all_to_all_chunks (working dtype only) posted without waiting, so the caller computes meanwhile.
+def all_to_all_flat_async(flat_in: torch.Tensor, in_splits: list[int], out_splits: list[int],
+                          group: dist.ProcessGroup | None) -> PendingAllToAll:
+    """Posts an all-to-all of one flat buffer without waiting, so the caller computes meanwhile: flat_in's
+    consecutive in_splits[j] elements go to rank j, and rank j's arrive as the receive buffer's consecutive
+    out_splits[j] (wait_flat). The caller lays out both buffers: a send buffer filled in place copies each
+    element once, and a layout whose pieces join in rank order (token-major: each rank's tokens follow the
+    previous rank's) is read where it arrives, without a concatenation.
 
     NOTE: every rank of `group` must post the same all-to-alls in the same order; waiting may be later.
     """
-    in_splits = [t.numel() for t in send]
-    out_splits = [int(torch.Size(s).numel()) for s in recv_shapes]
-    flat_in = torch.cat([t.reshape(-1) for t in send])
     flat_out = torch.empty(sum(out_splits), dtype=flat_in.dtype, device=flat_in.device)
-    if len(send) == 1:
+    if len(in_splits) == 1:
         flat_out.copy_(flat_in)
-        return PendingAllToAll(None, flat_out, out_splits, recv_shapes, flat_in)
+        return PendingAllToAll(None, flat_out, flat_in)
     me = group_rank(group)
     comm_stats.add("all_to_all", (sum(in_splits) - in_splits[me]) * flat_in.element_size(),
                    sum(in_splits) - in_splits[me])
     work = dist.all_to_all_single(flat_out, flat_in, out_splits, in_splits, group=group, async_op=True)
-    return PendingAllToAll(work, flat_out, out_splits, recv_shapes, flat_in)
+    return PendingAllToAll(work, flat_out, flat_in)
 
 
 def _all_to_all_encoded(send, recv_shapes, group, codec) -> list[torch.Tensor]:
