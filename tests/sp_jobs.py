@@ -86,6 +86,28 @@ def generate_fresh(name: str, degrees: dict, height: int, width: int, seed: int 
     return image, block_bytes, other_bytes
 
 
+def stale_kv_held(name: str, height: int, width: int, steps: int) -> tuple[int, int]:
+    """PipeFusion 2 with 1 warmup step: (most stale K/V buffers held during the generate, held after it)."""
+    pipe = tiny_pipeline(name)
+    pipe.set_progress_bar_config(disable=True)
+    config, settings = split_layout(dict(pipefusion_parallel_degree=2, warmup_steps=1))
+    engine = Engine(pipe, mesh_for(config))
+    stale_kv, most = engine._parallel.pipefusion.stale_kv, [0]
+    attention = stale_kv.attention
+
+    def counting(*args):  # every stale-K/V attention call: how many buffers are live then
+        out = attention(*args)
+        most[0] = max(most[0], len(stale_kv.buffers))
+        return out
+
+    stale_kv.attention = counting
+    try:
+        engine.generate(request(name, height, width, steps=steps, **settings))
+        return most[0], len(stale_kv.buffers)
+    finally:
+        engine.close()
+
+
 def engine_refusal(degrees: dict):
     """Engine(pipe, mesh) on a layout the model cannot take: (error type, message, hooks left on the transformer)."""
     from meshdit.errors import ConfigError

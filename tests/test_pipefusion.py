@@ -78,6 +78,12 @@ def test_one_warmup_step_error_is_bounded(run_ranks, name, layout):
         assert np.abs(image - ref).max() > 1e-6, "stale K/V should make PipeFusion differ from serial"
 
 
+def test_stale_kv_are_freed_when_denoising_ends(run_ranks):
+    """The buffers belong to one generation: not held through the VAE decode or until the next request."""
+    for rank, (during, after) in enumerate(run_ranks(2, sp_jobs.stale_kv_held, "flux-4blocks", *SIZE, STEPS)):
+        assert during > 0 and after == 0, f"rank {rank}: {during} buffers during, {after} after"
+
+
 @pytest.mark.parametrize("name", ["pixart-sigma-4blocks"])  # equal blocks: an exact quarter is possible
 def test_each_rank_holds_a_quarter_of_the_blocks(run_ranks, name):
     _, all_blocks, _ = sp_jobs.generate_fresh(name, {}, *SIZE, steps=1)

@@ -27,7 +27,16 @@ def pipefusion_denoise(recipe: Recipe, state: DenoiseState, pipefusion, sequence
     NOTE: every rank of the pp axis runs this with the same state; the last stages
     of a CFG pair join one all_gather per patch; all stages join the final broadcast.
     """
-    pf = pipefusion
+    pipefusion.stale_kv.reset()
+    try:
+        return _patch_pipeline(recipe, state, pipefusion, sequence_state, cfg_group, warmup_steps, num_patches,
+                               show_progress, on_step)
+    finally:  # the stale K/V belong to this generation: freed before the VAE decodes, and on an error
+        pipefusion.stale_kv.reset()
+
+
+def _patch_pipeline(recipe: Recipe, state: DenoiseState, pf, sequence_state, cfg_group, warmup_steps: int,
+                    num_patches: int, show_progress: bool, on_step) -> torch.Tensor:
     branches, local, cfg_size = local_branches(state, cfg_group)
     rows, cols = recipe.token_grid(state)
     sizes = split_sizes(rows, num_patches)
@@ -39,7 +48,6 @@ def pipefusion_denoise(recipe: Recipe, state: DenoiseState, pipefusion, sequence
         return whole if step < warmup_steps else patches
 
     latents = state.latents.clone()
-    pf.stale_kv.reset()
     main_scheduler = recipe.pipe.scheduler
     patch_schedulers = None
     fail_at = _injected_failure()
