@@ -81,10 +81,10 @@ class Method:
 METHODS: tuple[Method, ...] = (
     Method("ulysses2", dict(ulysses_degree=2), dict(ulysses_degree=2), formula=ulysses_elements,
            formula_text="L*4*(N-1)/N*(S/N)*hs + (N-1)*(p/N)*out"),
-    Method("ulysses2-unpipelined", dict(ulysses_degree=2), None, formula=ulysses_elements,
-           formula_text="as ulysses2", ulysses_chunks=1,
-           notes="ulysses2 with one q/k/v all-to-all and one output all-to-all per layer, nothing overlapped "
-                 "(meshdit before its heads travelled in two overlapped groups)"),
+    Method("ulysses2-two-groups", dict(ulysses_degree=2), None, formula=ulysses_elements,
+           formula_text="as ulysses2", ulysses_chunks=2,
+           notes="ulysses2 with its heads in two groups whose all-to-alls overlap the other group's attention "
+                 "(usp.ULYSSES_CHUNKS = 2; the default is one all-to-all each way)"),
     Method("ring2", dict(ring_degree=2), dict(ring_degree=2), formula=ring_elements,
            formula_text="L*2*(N-1)*(S/N)*hs + (N-1)*(p/N)*out"),
     Method("cfg2", dict(cfg_degree=2), None, unit="step", cfg=True, formula=cfg_elements,

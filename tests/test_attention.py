@@ -60,15 +60,17 @@ def _pipelined_job(ulysses, seq, heads, chunks):
     me = dist.get_rank(mesh.group("sp"))
     local = [t[:, :, sum(lens[:me]):sum(lens[:me + 1])] for t in _qkv(seq, heads, seed=3)]
     kernel = lambda a, b, c, s: F.scaled_dot_product_attention(a, b, c, scale=s)  # noqa: E731
-    outs, pipelined = [], None
-    for n in (1, chunks):  # one all-to-all each way, then heads in `chunks` overlapped groups
+    layout = usp.UspLayout.of(groups, lens)  # reference: the head-major all-to-alls USP uses
+    ref = usp.ulysses_out(kernel(*usp.ulysses_in(*local, groups, layout), None), groups, layout, heads)
+    outs, pipelined, default = [], None, usp.ULYSSES_CHUNKS
+    for n in (1, chunks):  # token-major, one all-to-all each way, then heads in `chunks` overlapped groups
         usp.ULYSSES_CHUNKS = n
         try:
             outs.append(usp_attention(*local, groups, lens, None, kernel))
             pipelined = usp._pipelines(*local, groups, usp.EXACT)
         finally:
-            usp.ULYSSES_CHUNKS = 2
-    return torch.equal(*outs), pipelined
+            usp.ULYSSES_CHUNKS = default
+    return all(torch.equal(out, ref) for out in outs), pipelined
 
 
 @pytest.mark.parametrize("ulysses,seq,heads,chunks,pipelined",

@@ -17,9 +17,10 @@ from .kernels import attention_with_lse
 from .ring import ring_attention
 from .ulysses import heads_to_seq, pipelined_ulysses_attention, seq_to_heads, seq_to_heads_together
 
-ULYSSES_CHUNKS = 2
+ULYSSES_CHUNKS = 1
 """Head groups that Ulysses-only attention sends one after another, so that messages overlap attention
-(1: one all-to-all for q/k/v and one for the output, nothing overlapped)."""
+(1: one all-to-all for q/k/v and one for the output, nothing overlapped). 1 by default: on gloo two
+groups measured slower (twice the collectives, each a rendezvous; README Figures); not measured on NCCL."""
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,9 @@ def usp_attention(
 
 
 def _pipelines(q, k, v, groups: SequenceGroups, codecs: WireCodecs) -> bool:
-    """Ulysses alone, exact wire, q/k/v alike, and every rank holding at least one head per chunk."""
-    return (ULYSSES_CHUNKS > 1 and groups.ring_size == 1 and groups.ulysses_size > 1 and codecs == EXACT
+    """Ulysses alone, exact wire, q/k/v alike, and every rank holding at least one head per chunk: the
+    token-major all-to-alls of `pipelined_ulysses_attention` (in ULYSSES_CHUNKS head groups)."""
+    return (ULYSSES_CHUNKS >= 1 and groups.ring_size == 1 and groups.ulysses_size > 1 and codecs == EXACT
             and q.shape == k.shape == v.shape and q.dtype == k.dtype == v.dtype
             and q.shape[1] // groups.ulysses_size >= ULYSSES_CHUNKS)
 
