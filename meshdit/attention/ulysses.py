@@ -58,7 +58,8 @@ def head_chunks(heads: list[int], chunks: int) -> list[list[tuple[int, int]]]:
 
 def pipelined_ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: ProcessGroup,
                                 seq_lens: list[int], attend, chunks: int = 2) -> torch.Tensor:
-    """Ulysses attention with its messages overlapped by attention: heads travel in `chunks` groups.
+    """Ulysses attention over a token-major wire, heads in `chunks` groups (1: one all-to-all each way;
+    more: the groups' messages overlap the other groups' attention).
 
     q, k, v: [B, H, seq_lens[me], D] (one dtype, working precision) -> [B, H, seq_lens[me], D], a view of a
     [B, seq_lens[me], H, D] tensor (the layout diffusers' processors flatten, so they need no copy).

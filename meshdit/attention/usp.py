@@ -81,7 +81,7 @@ def usp_attention(
 def _pipelines(q, k, v, groups: SequenceGroups, codecs: WireCodecs) -> bool:
     """Ulysses alone, exact wire, q/k/v alike, and every rank holding at least one head per chunk: the
     token-major all-to-alls of `pipelined_ulysses_attention` (in ULYSSES_CHUNKS head groups)."""
-    return (ULYSSES_CHUNKS >= 1 and groups.ring_size == 1 and groups.ulysses_size > 1 and codecs == EXACT
+    return (groups.ring_size == 1 and groups.ulysses_size > 1 and codecs == EXACT
             and q.shape == k.shape == v.shape and q.dtype == k.dtype == v.dtype
             and q.shape[1] // groups.ulysses_size >= ULYSSES_CHUNKS)
 
