@@ -79,7 +79,7 @@ def generate_command(args) -> None:
     from .runner import GenerateJob, run_generate
 
     job = GenerateJob(model, config, request, output, args.dtype, args.verbose, vae, loading_options(args),
-                      fp8_config_from_args(args))
+                      fp8_config_from_args(args, config.pipefusion_parallel_degree))
     launch(run_generate, job, config.world_size)
 
 

@@ -6,6 +6,9 @@ earlier patches, the previous step for later ones). With sequence parallelism in
 a stage the same Ulysses-in / Ulysses-out arithmetic as usp_attention applies
 (usp.UspLayout); across the ring the patch's fresh K/V are gathered instead of
 passed around, since every SP rank keeps the whole stale K/V.
+With `--fp8-stale-kv` the buffers are held in FP8 (quant/kv_buffer.py): a forward
+decodes them, overwrites its own tokens with their fresh values and attends; only
+what later forwards read goes through FP8.
 """
 from __future__ import annotations
 
@@ -14,16 +17,19 @@ from contextlib import contextmanager
 import torch
 
 from ..distributed.comm import all_gather_uneven
+from ..quant.kv_buffer import Fp8KVBuffer
 from .usp import UspLayout, ulysses_in, ulysses_out
 
 
 class StaleKV:
     """Full-sequence K/V per attention layer and guidance branch, refreshed patch by patch."""
 
-    def __init__(self, state) -> None:
+    def __init__(self, state, fp8_format: torch.dtype | None = None) -> None:
         self.state = state  # the sequence hooks' state: patch window, stream lengths, SP groups, codecs
+        self.fp8_format = fp8_format  # None: buffers in the working dtype; else Fp8KVBuffers of this format
         self._branch: str | None = None
-        self.buffers: dict = {}  # (layer, branch) -> (K, V): [B, H/U, all streams' tokens, D], streams in order
+        self.buffers: dict = {}  # (layer, branch) -> (K, V): [B, H/U, all streams' tokens, D] (tensors, or
+        # Fp8KVBuffers of that shape), streams in order
         self.keep = True
         """Whether whole-image forwards keep their K/V: only when a patch step will read them (the loop
         says), so warmup steps before the last one, and a run that is all warmup, hold no buffers."""
@@ -60,7 +66,7 @@ class StaleKV:
         if whole and state.sp_size == 1:
             # the whole sequence is fresh and already in buffer order: it becomes the buffer (no copy)
             if self.keep:
-                self.buffers[key] = (_own(k), _own(v))
+                self.buffers[key] = (self._hold(k), self._hold(v))
             keys, values = k, v
         else:
             keys, values = self._refresh(key, k, v, streams, lens, store=self.keep or not whole)
@@ -74,12 +80,18 @@ class StaleKV:
         starts, total = {}, 0  # each stream's first token in the buffer
         for s in streams:
             starts[s], total = total, total + state.full_lens[s]
-        buf_k, buf_v = self.buffers.get(key) if store and key in self.buffers else (None, None)
-        if buf_k is None:
-            shape = (*k.shape[:2], total, k.shape[-1])
-            buf_k, buf_v = k.new_zeros(shape), v.new_zeros(shape)
-            if store:
-                self.buffers[key] = (buf_k, buf_v)
+        held = self.buffers.get(key) if store else None
+        if held is None:
+            if self.fp8_format is not None and store:
+                held = self.buffers[key] = (Fp8KVBuffer.zeros(k, total, self.fp8_format),
+                                            Fp8KVBuffer.zeros(v, total, self.fp8_format))
+            else:
+                shape = (*k.shape[:2], total, k.shape[-1])
+                held = (k.new_zeros(shape), v.new_zeros(shape))
+                if store:
+                    self.buffers[key] = held
+        fp8 = isinstance(held[0], Fp8KVBuffer)
+        buf_k, buf_v = (held[0].read(), held[1].read()) if fp8 else held  # fp8: this forward's decoded copy
         patch = state.patch
         offset = 0
         for rank in range(state.sp_size):
@@ -89,8 +101,19 @@ class StaleKV:
                                                         else 0)
                 buf_k.narrow(2, at, n).copy_(k.narrow(2, offset, n))
                 buf_v.narrow(2, at, n).copy_(v.narrow(2, offset, n))
+                if fp8:
+                    held[0].write(at, k.narrow(2, offset, n))
+                    held[1].write(at, v.narrow(2, offset, n))
                 offset += n
         return buf_k, buf_v
+
+    def _hold(self, t: torch.Tensor):
+        """What a buffer keeps of a whole-sequence fresh K or V."""
+        return _own(t) if self.fp8_format is None else Fp8KVBuffer.of(t, self.fp8_format)
+
+    def held_bytes(self) -> int:
+        """Bytes the buffers hold now (K and V of every layer and branch)."""
+        return sum(t.nbytes for pair in self.buffers.values() for t in pair)
 
 
 def _own(t: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,8 @@ def parallelize(pipe, plan: ModelPlan, mesh: ParallelMesh | SingleProcessMesh, f
 
     done = Parallelized(mesh)
     config = mesh.config
+    if fp8 is not None:  # the CLI checked it before ranks started; an API caller learns here
+        fp8.validate(config.pipefusion_parallel_degree)
     if config.compile:
         from .compile import check_backend
 
@@ -44,7 +46,7 @@ def parallelize(pipe, plan: ModelPlan, mesh: ParallelMesh | SingleProcessMesh, f
         done.handles += handles
     if config.pipefusion_parallel_degree > 1:
         done.pipefusion = PipeFusion(transformers, plan.stages, mesh, done.sequence_state,
-                                     runtime.pipe_codec_for(fp8, device))
+                                     runtime.pipe_codec_for(fp8, device), runtime.stale_kv_format(fp8, device))
         done.handles += done.pipefusion.handles
     for transformer in transformers:
         if fp8 is not None and fp8.gemm:

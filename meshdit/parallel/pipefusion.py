@@ -42,14 +42,15 @@ class PipeFusion:
     """This rank's stage of the transformer, and the p2p traffic between stages."""
 
     def __init__(self, transformers: nn.Module | list[nn.Module], plan: StagePlan, mesh: ParallelMesh, seq_state,
-                 codec_for=None) -> None:
+                 codec_for=None, stale_kv_format: torch.dtype | None = None) -> None:
         """transformers: one, or a pipeline's experts (Wan 2.2), each cut into the same stages; one runs
         at a time, so they share the channel and the stale K/V (whose layers the experts name apart).
-        codec_for: tensor -> its wire codec (None: exact)."""
+        codec_for: tensor -> its wire codec (None: exact). stale_kv_format: FP8 format of the stale K/V
+        buffers (None: the working dtype)."""
         self.channel = PipeChannel(mesh.group("pp"), codec_for)
         self.stage = mesh.local_rank("pp")
         self.num_stages = mesh.size("pp")
-        self.stale_kv = StaleKV(seq_state)
+        self.stale_kv = StaleKV(seq_state, stale_kv_format)
         seq_state.stale_kv = self.stale_kv
         self.handles = []
         for transformer in transformers if isinstance(transformers, (list, tuple)) else [transformers]:

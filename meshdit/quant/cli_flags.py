@@ -11,10 +11,11 @@ def add_fp8_flags(parser: argparse.ArgumentParser) -> None:
     add_settings_flags(parser.add_argument_group("FP8 (README \"FP8\": each option's measured error)"), Fp8Config)
 
 
-def fp8_config_from_args(args) -> Fp8Config | None:
-    """The Fp8Config the flags ask for (None: all off), checked before any rank starts."""
+def fp8_config_from_args(args, pipefusion_degree: int | None = None) -> Fp8Config | None:
+    """The Fp8Config the flags ask for (None: all off), checked before any rank starts (with the run's
+    PipeFusion degree where the caller knows it)."""
     fp8 = settings_from_args(Fp8Config, args)
-    fp8.validate()
+    fp8.validate(pipefusion_degree)
     if fp8.gemm:
         from ..distributed.mesh import pick_device
         from .formats import check_fp8_gemm

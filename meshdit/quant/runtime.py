@@ -51,6 +51,11 @@ def pipe_codec_for(fp8: Fp8Config | None, device: torch.device):
     return lambda tensor: by_dim.get(tensor.dim())
 
 
+def stale_kv_format(fp8: Fp8Config | None, device: torch.device) -> torch.dtype | None:
+    """The FP8 format PipeFusion's stale K/V buffers are held in (None: the working dtype)."""
+    return fp8_dtype(device) if fp8 is not None and fp8.stale_kv else None
+
+
 def quantize_transformer(transformer: torch.nn.Module, block_lists: list[str]) -> int:
     """FP8 weights for the Linear layers of the block lists; returns how many layers."""
     from .fp8_linear import quantize_block_lists

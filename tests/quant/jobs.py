@@ -21,7 +21,8 @@ def run(name: str, degrees: dict, fp8: Fp8Config | None, steps: int = STEPS, siz
 
     Returns the guided noise predictions of every step stacked (None on ranks that do not guide,
     e.g. PipeFusion's first stages), this rank's bytes sent and their bfloat16 cost per step,
-    transformer forwards, and the bytes of the transformer blocks' weights this rank holds.
+    transformer forwards, the bytes of the transformer blocks' weights this rank holds, and the most
+    bytes PipeFusion's stale K/V buffers held at once (0 without PipeFusion).
     """
     pipe = tiny_pipeline(name)
     pipe.set_progress_bar_config(disable=True)
@@ -43,6 +44,17 @@ def run(name: str, degrees: dict, fp8: Fp8Config | None, steps: int = STEPS, siz
         return out
 
     engine.recipe.guide = recording_guide
+    stale_kv_bytes = [0]
+    if engine._parallel.pipefusion is not None:
+        stale_kv = engine._parallel.pipefusion.stale_kv
+        attention = stale_kv.attention
+
+        def measuring(*args):  # after every stale-K/V attention call: what the buffers hold
+            out = attention(*args)
+            stale_kv_bytes[0] = max(stale_kv_bytes[0], stale_kv.held_bytes())
+            return out
+
+        stale_kv.attention = measuring
     handle = pipe.transformer.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
     try:
         comm_stats.reset()
@@ -52,7 +64,7 @@ def run(name: str, degrees: dict, fp8: Fp8Config | None, steps: int = STEPS, siz
         handle.remove()
         engine.close()
     return dict(preds=torch.stack(preds) if preds else None, image=image, sent=sent, bf16=bf16, forwards=forwards[0],
-                steps=steps, block_bytes=block_bytes(pipe.transformer))
+                steps=steps, block_bytes=block_bytes(pipe.transformer), stale_kv_bytes=stale_kv_bytes[0])
 
 
 def block_bytes(transformer) -> int:
