@@ -4,7 +4,9 @@
 
 Score (bound: at most 2 points below the fp32 SDPA serial score) and PSNR of the images against
 that serial run; rows are appended to benchmarks/results/fp8_default_model.md as each finishes.
-PipeFusion runs with full warmup, so the only difference from serial is FP8's.
+PipeFusion runs with full warmup, so the only difference from serial is FP8's; except for
+--fp8-stale-kv, which only acts on patch steps: it runs with 1 warmup step, beside the same layout
+without FP8.
 """
 from __future__ import annotations
 
@@ -15,19 +17,22 @@ import numpy as np
 from benchmarks.default_model_layouts import LAYOUTS as _ALL
 from benchmarks.default_model_layouts import generate_all
 
-LAYOUTS = {name: _ALL[name] for name in ("serial", "ulysses 2", "ring 2", "pipefusion 2, full warmup")}
+LAYOUTS = {name: _ALL[name] for name in ("serial", "ulysses 2", "ring 2", "pipefusion 2, full warmup",
+                                        "pipefusion 2, 1 warmup step")}
 OPTIONS = {
     "gemm": dict(gemm=True),
     "attn": dict(attention="fp8"),
     "comm": dict(comm=True),
     "all": dict(gemm=True, attention="fp8", comm=True, comm_k=True),
+    "stale-kv": dict(stale_kv=True),
 }
 # the most telling runs first: a partial run still covers every option and every layout
 ORDER = [("serial", "none"), ("serial", "all"), ("ulysses 2", "all"), ("ring 2", "all"),
          ("pipefusion 2, full warmup", "all"), ("serial", "gemm"), ("serial", "attn"), ("ulysses 2", "comm"),
          ("ring 2", "comm"), ("pipefusion 2, full warmup", "comm"), ("ulysses 2", "gemm"), ("ulysses 2", "attn"),
          ("ring 2", "gemm"), ("ring 2", "attn"), ("pipefusion 2, full warmup", "gemm"),
-         ("pipefusion 2, full warmup", "attn")]
+         ("pipefusion 2, full warmup", "attn"), ("pipefusion 2, 1 warmup step", "none"),
+         ("pipefusion 2, 1 warmup step", "stale-kv")]
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ from meshdit.config import GenerateRequest, ParallelConfig
 from meshdit.distributed.comm import comm_stats
 from meshdit.engine import Engine
 from meshdit.errors import ConfigError
+from meshdit.quant.settings import Fp8Config
 from meshdit.denoising.recipe import COND
 from meshdit.testing.rank_pool import mesh_for
 
@@ -55,7 +56,8 @@ class _Setup:
             try:  # NOTE: validation is the same on every rank, so all ranks skip the same methods
                 config = ParallelConfig(**m.meshdit)
                 config.validate(dist.get_world_size())
-                engine = Engine(with_transformer_copy(self.base), mesh_for(config))
+                fp8 = Fp8Config(**m.fp8) if m.fp8 else None
+                engine = Engine(with_transformer_copy(self.base), mesh_for(config), fp8=fp8)
             except (ConfigError, NotImplementedError) as exc:
                 self.skipped[m.name] = f"{type(exc).__name__}: {exc}"
                 continue

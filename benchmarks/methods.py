@@ -76,6 +76,7 @@ class Method:
     steps: int | None = None  # denoising steps of a timed "step"-unit run (None: the runner's 2)
     request: dict = field(default_factory=dict)  # GenerateRequest fields of the method (PipeFusion's settings)
     ulysses_chunks: int | None = None  # meshdit.attention.usp.ULYSSES_CHUNKS while it runs (None: the default)
+    fp8: dict = field(default_factory=dict)  # meshdit Fp8Config fields of the method (empty: no FP8)
 
 
 METHODS: tuple[Method, ...] = (
@@ -94,6 +95,10 @@ METHODS: tuple[Method, ...] = (
            steps=20, request=dict(warmup_steps=1),
            notes="approximate method (stale K/V): 20 steps, 1 warmup step, 2 patches; time per step = the "
                  "denoising seconds / 20, warmup and pipeline fill included"),
+    Method("pipefusion2-fp8kv", dict(pipefusion_parallel_degree=2), None, unit="step", formula=pipefusion_elements,
+           formula_text="as pipefusion2", steps=20, request=dict(warmup_steps=1), fp8=dict(stale_kv=True),
+           notes="pipefusion2 with --fp8-stale-kv: its stale K/V buffers held in FP8 (memory; the traffic is "
+                 "unchanged)"),
 )
 
 
