@@ -111,3 +111,12 @@ def test_cost_growth_curves_and_chart(tmp_path):
     assert sent["ulysses2"] == [(256, 512), (1024, 2048)]
     write_png(times, sent, tmp_path / "c.png", "test")
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_flux_dev_compile_comparison_path_runs_on_a_tiny_model():
+    """The FLUX.1-dev GPU compile comparison (benchmarks.compile --flux-dev), run on its shrunken CPU model."""
+    from benchmarks.compile import flux_dev_compile
+
+    r = flux_dev_compile(steps=1, rounds=1, backend="eager", tiny=True)
+    assert r["eager_step_s"] > 0 and r["compiled_step_s"] > 0 and r["px"] == 64
+    assert r["max_abs_diff"] == 0.0  # the eager backend runs the traced graphs: the same arithmetic
