@@ -1,6 +1,7 @@
 """The benchmark runner in --quick mode: every section is written, and the bytes each method
 sends per step match its formula (deterministic, so it can be a test; speed is never asserted)."""
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -118,5 +119,7 @@ def test_flux_dev_compile_comparison_path_runs_on_a_tiny_model():
     from benchmarks.compile import flux_dev_compile
 
     r = flux_dev_compile(steps=1, rounds=1, backend="eager", tiny=True)
-    assert r["eager_step_s"] > 0 and r["compiled_step_s"] > 0 and r["px"] == 64
-    assert r["max_abs_diff"] == 0.0  # the eager backend runs the traced graphs: the same arithmetic
+    # timings of a milliseconds-long step on a shared CPU are noise (a difference of two may be < 0): only the
+    # path, the size and the exactness of the eager backend (it runs the traced graphs) are checked here
+    assert r["px"] == 64 and all(math.isfinite(r[k]) for k in ("eager_step_s", "compiled_step_s", "compile_s"))
+    assert r["max_abs_diff"] == 0.0
