@@ -69,29 +69,32 @@ class StaleKV:
                 self.buffers[key] = (self._hold(k), self._hold(v))
             keys, values = k, v
         else:
-            keys, values = self._refresh(key, k, v, streams, lens, store=self.keep or not whole)
+            keys, values = self._refresh(key, k, v, streams, lens, store=self.keep or not whole, whole=whole)
         out = state.local_attention(q, keys, values, scale)
         return ulysses_out(out, groups, layout, num_heads, state.codecs)
 
-    def _refresh(self, key, k, v, streams, lens, store: bool):
+    def _refresh(self, key, k, v, streams, lens, store: bool, whole: bool):
         """Writes the fresh K/V (gathered [rank0: s1 s2 | rank1: s1 s2 | ...]) into their places in the
         buffers; returns the buffers (store=False: of this forward only, the whole sequence being fresh)."""
         state = self.state
         starts, total = {}, 0  # each stream's first token in the buffer
         for s in streams:
             starts[s], total = total, total + state.full_lens[s]
+        shape = (*k.shape[:2], total, k.shape[-1])
         held = self.buffers.get(key) if store else None
         if held is None:
             if self.fp8_format is not None and store:
                 held = self.buffers[key] = (Fp8KVBuffer.zeros(k, total, self.fp8_format),
                                             Fp8KVBuffer.zeros(v, total, self.fp8_format))
             else:
-                shape = (*k.shape[:2], total, k.shape[-1])
                 held = (k.new_zeros(shape), v.new_zeros(shape))
                 if store:
                     self.buffers[key] = held
         fp8 = isinstance(held[0], Fp8KVBuffer)
-        buf_k, buf_v = (held[0].read(), held[1].read()) if fp8 else held  # fp8: this forward's decoded copy
+        if fp8:  # this forward's working-dtype copy: decoded, or (every token fresh) nothing to decode
+            buf_k, buf_v = (k.new_empty(shape), v.new_empty(shape)) if whole else (held[0].read(), held[1].read())
+        else:
+            buf_k, buf_v = held
         patch = state.patch
         offset = 0
         for rank in range(state.sp_size):
