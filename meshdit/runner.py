@@ -67,7 +67,8 @@ def run_generate(job: GenerateJob) -> None:
             height, width = result.images.shape[1:3]
             what = "image(s)"
         print(f"meshdit: {len(paths)} {what} height {height} x width {width}, {job.request.num_inference_steps} "
-              f"steps, layout {job.config.describe()} on {dist.get_world_size()} rank(s) ({device.type}): "
+              f"steps, layout {job.config.describe()}{f' with {job.fp8.describe()}' if job.fp8 else ''} on "
+              f"{dist.get_world_size()} rank(s) ({device.type}): "
               f"{s['total']:.2f} s (prepare {s['prepare']:.2f}, denoise {s['denoise']:.2f}, "
               f"decode {s['decode']:.2f}; model load {load_s:.2f} s)")
         for path in paths:
