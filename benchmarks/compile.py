@@ -191,8 +191,10 @@ def _print_flux_dev(args) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=1024, help="image tokens (a square; default 1024)")
-    parser.add_argument("--steps", type=int, default=None, help="denoising steps per generate (default 4; --flux-dev 10)")
-    parser.add_argument("--rounds", type=int, default=None, help="timed generates per setting (default 5; --flux-dev 3)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="denoising steps per generate (default 4; --flux-dev 10)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="timed generates per setting (default 5; --flux-dev 3)")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (default inductor)")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--flux-dev", action="store_true", help="FLUX.1-dev size on one GPU instead")

@@ -1,4 +1,4 @@
-"""PipeFusion's stale K/V held in FP8 (`--fp8-stale-kv`): a quarter of float32's bytes, half of bfloat16's.
+"""PipeFusion's stale K/V held in FP8 (`--fp8-stale-kv`): about a quarter of float32's bytes, half of bfloat16's.
 
 The buffers are PipeFusion's largest memory cost (every layer of a stage, K and V, the whole sequence:
 ~1.6 GB for FLUX.1-dev's half at 4096 tokens in bfloat16, more than all its activations). A patch reads

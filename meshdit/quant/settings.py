@@ -32,7 +32,7 @@ class Fp8Config:
     stale_kv: bool = flagged(
         False, flag="fp8-stale-kv", action="store_true",
         help="PipeFusion's stale K/V buffers (every layer of a stage, the whole sequence) held in FP8 with a scale "
-             "per head and token: a quarter of float32's bytes, half of bfloat16's (default: off)")
+             "per head and token: about a quarter of float32's bytes, half of bfloat16's (default: off)")
 
     @property
     def enabled(self) -> bool:
