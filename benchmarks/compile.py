@@ -20,7 +20,6 @@ import time
 import warnings
 
 METHODS = {"serial": {}, "ulysses2": dict(ulysses_degree=2), "ring2": dict(ring_degree=2)}
-PROMPT = "a red cat on a blue square"
 
 
 def _step_seconds(engine, request) -> float:
@@ -135,7 +134,7 @@ def flux_dev_compile(steps: int = 10, rounds: int = 3, backend: str = "inductor"
     from meshdit.engine import Engine
     from meshdit.parallel.compile import compile_blocks
 
-    from .overhead import _sync, flux_dev_pipeline
+    from .overhead import PROMPT, _sync, flux_dev_pipeline
 
     if not tiny and not torch.cuda.is_available():
         return {"skipped": "torch.cuda.is_available() is False on this machine: no FLUX.1-dev compile figure"}
