@@ -1,7 +1,7 @@
 """Scores the bundled default model's held-out prompts under several layouts (issue: same score under
 every exact layout; PipeFusion with one warmup step loses at most 2 points).
 
-    python -m benchmarks.default_model_layouts [--limit N] [--size 512] [--layouts "serial,ulysses 2"]
+    python -m benchmarks.default_model_layouts [--limit N] [--size 512] [--layouts "ulysses 2;pipefusion 2, 1 warmup step"]
         [--out FILE]   (default benchmarks/results/default_model_layouts[_SIZE].md)
 
 Every layout generates each evaluation prompt with seed (seed + index), like
@@ -68,17 +68,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--size", type=int, default=None, help="height and width (default: the model's 256)")
     parser.add_argument("--layouts", default=None,
-                        help=f"comma-separated subset of: {', '.join(LAYOUTS)} (serial always runs first)")
+                        help=f"';'-separated subset of: {'; '.join(LAYOUTS)} (serial always runs first)")
     parser.add_argument("--out", default=None,
                         help="table file (default benchmarks/results/default_model_layouts[_SIZE].md)")
     args = parser.parse_args()
     out = args.out or f"benchmarks/results/default_model_layouts{f'_{args.size}' if args.size else ''}.md"
     prompts = list(dataset.EVAL_PROMPTS[: args.limit] if args.limit else dataset.EVAL_PROMPTS)
     names = list(LAYOUTS) if args.layouts is None else ["serial"] + [
-        n.strip() for n in args.layouts.split(",") if n.strip() != "serial"]
+        n.strip() for n in args.layouts.split(";") if n.strip() not in ("", "serial")]
     unknown = [n for n in names if n not in LAYOUTS]
     if unknown:
-        raise SystemExit(f"unknown layouts {unknown}; choose from: {', '.join(LAYOUTS)}")
+        raise SystemExit(f"unknown layouts {unknown}; choose from: {'; '.join(LAYOUTS)}")
     rows, serial = [], None
     try:
         for name in names:
