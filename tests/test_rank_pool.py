@@ -29,3 +29,27 @@ def test_failure_names_rank_and_pool_recovers(run_ranks):
     message = str(info.value)
     assert "rank(s) [1]" in message and "boom on purpose" in message
     assert run_ranks(2, _sum_of_ranks) == [(0, 1.0), (1, 1.0)]
+
+
+def _tensor_and_temp_dir():
+    import multiprocessing.util
+
+    # a tensor goes back through the Pipe as a shared-memory file descriptor: multiprocessing makes
+    # this process's pymp-* folder for the socket that hands the descriptor over
+    return torch.arange(4.0), multiprocessing.util.get_temp_dir()
+
+
+def test_closed_pool_leaves_no_temp_folders():
+    import os
+
+    from meshdit.testing.rank_pool import RankPool
+
+    pool = RankPool(2)
+    try:
+        results = pool.run(_tensor_and_temp_dir, timeout=120)
+        folders = [folder for _, folder in results]
+        assert all(t.tolist() == [0.0, 1.0, 2.0, 3.0] for t, _ in results)
+        assert all(os.path.isdir(f) for f in folders)
+    finally:
+        pool.close()
+    assert not any(os.path.exists(f) for f in folders), folders  # workers end with os._exit

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from typing import Any, Callable
 
 from ..errors import ConfigError, RankFailedError
+from .hard_exit import hard_exit
 from .ports import free_port
 from .watch import HeartbeatWatch, RankLink, heartbeat_timeout
 
@@ -271,7 +272,7 @@ def _rank_main(rank: int, world_size: int, port: int, conn, job: bytes, timeout:
             teardown_distributed()
         sys.stdout.flush()
         sys.stderr.flush()
-    os._exit(code)  # gloo may abort in interpreter teardown; everything is flushed
+    hard_exit(code)  # gloo may abort in interpreter teardown; everything is flushed
 
 
 def _thread_lock_for_tqdm() -> None:

@@ -12,6 +12,7 @@ import os
 import signal
 import time
 
+from ..distributed.hard_exit import hard_exit
 from ..distributed.launch import check_torchrun_world, under_torchrun
 from ..distributed.ports import free_port
 from .server_state import ServeSettings
@@ -34,7 +35,7 @@ def _rank_main(rank: int, world_size: int, settings: ServeSettings) -> None:
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)  # gloo teardown after the mesh stopped (or lost a peer) can hang; nothing is left to do
+    hard_exit(code)  # gloo teardown after the mesh stopped (or lost a peer) can hang; nothing is left to do
 
 
 def serve_ranks(settings: ServeSettings) -> int:

@@ -15,6 +15,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from ..distributed.hard_exit import hard_exit
 from ..errors import ConfigError
 from ..logs import quiet_libraries
 from .server_state import ServerState, ServeSettings
@@ -68,7 +69,7 @@ def run_serve(settings: ServeSettings) -> None:
               "exiting (no restart: start `meshdit serve` again)", flush=True)
         time.sleep(DEAD_GRACE_S)
         stop_http(server)
-        os._exit(1)  # gloo teardown with a dead peer can hang; nothing is left to flush
+        hard_exit(1)  # gloo teardown with a dead peer can hang; nothing is left to flush
     stop_http(server)
     print("meshdit: drained and stopped every rank", flush=True)
 

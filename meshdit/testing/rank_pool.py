@@ -13,6 +13,7 @@ import time
 import traceback
 from typing import Any, Callable
 
+from ..distributed.hard_exit import hard_exit
 from ..distributed.ports import free_port
 from ..errors import RankFailedError
 
@@ -43,7 +44,7 @@ def _worker(rank: int, world_size: int, port: int, conn) -> None:
                 conn.send(("error", traceback.format_exc()))
     finally:
         teardown_distributed()
-        os._exit(0)  # gloo may abort in interpreter teardown; we are done
+        hard_exit(0)  # gloo may abort in interpreter teardown; we are done
 
 
 class RankPool:
