@@ -212,3 +212,18 @@ def _paraphrased_prompts() -> tuple[str, ...]:
 
 
 PARAPHRASED_PROMPTS: tuple[str, ...] = _paraphrased_prompts()
+
+
+# ---------------------------------------------------------------- bare prompts (evaluation)
+
+def _bare_prompts() -> tuple[str, ...]:
+    # The first thing people type, "a blue square": one shape named by colour and kind, no position,
+    # no background (so any slot and any background are right). Every colour/shape pair (32: the 24
+    # trained and the 8 held out), the article forms cycling. Training says these too (a natural
+    # caption leaves the position out 40 % of the time): this set measures the one-of-five-places
+    # case, which EVAL_PROMPTS and PARAPHRASED_PROMPTS never ask.
+    return tuple(say(D.Scene(c, s, 1, None, None), "N", ONE_FORMS[(i + j) % len(ONE_FORMS)])
+                 for i, c in enumerate(D.COLOURS) for j, s in enumerate(D.SHAPES))
+
+
+BARE_PROMPTS: tuple[str, ...] = _bare_prompts()

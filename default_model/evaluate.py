@@ -1,6 +1,6 @@
 """Score images of the default model against their prompts, from the pixels alone.
 
-    python -m default_model.evaluate [--model DIR] [--steps N] [--seed S] [--size 512] [--paraphrased]
+    python -m default_model.evaluate [--model DIR] [--steps N] [--seed S] [--size 512] [--paraphrased | --bare]
     python -m default_model.evaluate --check-evaluator
     python -m default_model.evaluate --check-vae [--model DIR] [--size 512]
 
@@ -225,8 +225,10 @@ def check_vae(model: str, n: int = 48, size: int = 256) -> float:
 
 
 def generate_and_score(model: str, steps: int, seed: int, guidance: float, size: int, limit: int | None,
-                       save: str | None, verbose: bool, every: int = 1, paraphrased: bool = False) -> float:
-    """Score on the 56 held-out prompts (or their evaluation-only paraphrases), seed + i for prompt i."""
+                       save: str | None, verbose: bool, every: int = 1, paraphrased: bool = False,
+                       bare: bool = False) -> float:
+    """Score on the 56 held-out prompts (or their evaluation-only paraphrases, or the 32 bare prompts),
+    seed + i for prompt i."""
     import torch
     from diffusers import FluxPipeline
 
@@ -237,7 +239,8 @@ def generate_and_score(model: str, steps: int, seed: int, guidance: float, size:
     pipe = FluxPipeline.from_pretrained(model)
     pipe.set_progress_bar_config(disable=True)
     print(f"pipeline load: {time.time() - t_load:.2f}s")
-    every_prompt = K.PARAPHRASED_PROMPTS if paraphrased else D.EVAL_PROMPTS
+    every_prompt = K.BARE_PROMPTS if bare else K.PARAPHRASED_PROMPTS if paraphrased else D.EVAL_PROMPTS
+    which = "bare" if bare else "paraphrased held-out" if paraphrased else "held-out"
     prompts = every_prompt[::every][:limit] if limit else every_prompt[::every]
     passed, images, t_total = 0, [], 0.0
     wrong = {"background": 0, "colour": 0, "count": 0, "shapes": 0, "position": 0}
@@ -263,7 +266,7 @@ def generate_and_score(model: str, steps: int, seed: int, guidance: float, size:
     asked = {"position": n_pos, "background": n_bg}
     parts = ", ".join(f"{k} {100 * (1 - v / asked.get(k, len(prompts))):.0f}%" for k, v in wrong.items() if asked.get(k, 1))
     print(f"per attribute correct: {parts}")
-    print(f"score: {score:.1f}% ({passed}/{len(prompts)} {'paraphrased ' if paraphrased else ''}held-out prompts, "
+    print(f"score: {score:.1f}% ({passed}/{len(prompts)} {which} prompts, "
           f"{size}x{size}; background asked in {n_bg})")
     if save:
         from PIL import Image
@@ -287,6 +290,8 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=DEFAULT_HEIGHT, help="height and width (e.g. 512)")
     ap.add_argument("--paraphrased", action="store_true",
                     help="score captions.PARAPHRASED_PROMPTS (evaluation-only templates) instead of the 56")
+    ap.add_argument("--bare", action="store_true",
+                    help="score captions.BARE_PROMPTS ('a blue square': every pair, no position or background)")
     ap.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     ap.add_argument("--every", type=int, default=1, help="only every k-th prompt (quick checks)")
     ap.add_argument("--save", default=None, help="write a grid of the images to this PNG")
@@ -304,7 +309,7 @@ def main() -> None:
             print(f"{k}: {100 * v:.1f}%")
         return
     generate_and_score(args.model, args.steps, args.seed, args.guidance, args.size, args.limit, args.save,
-                       not args.quiet, every=args.every, paraphrased=args.paraphrased)
+                       not args.quiet, every=args.every, paraphrased=args.paraphrased, bare=args.bare)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,17 @@ def test_paraphrases_are_held_out_pairs_in_templates_training_never_uses():
     assert all(w in words for p in prompts for w in D.prompt_words(p))
 
 
+def test_bare_prompts_are_every_pair_alone_in_a_training_template():
+    prompts = K.BARE_PROMPTS
+    parsed = [D.parse_prompt(p) for p in prompts]
+    assert len(prompts) == len(D.COLOURS) * len(D.SHAPES) == len(set(prompts))
+    assert {(s.colour, s.shape) for s in parsed} == {(c, s) for c in D.COLOURS for s in D.SHAPES}
+    assert all((s.count, s.position, s.background) == (1, None, None) for s in parsed)  # anywhere, any background
+    training = K.training_templates()
+    assert all(K.template_of(p) in training for p in prompts)
+    assert {p.split()[0] for p in prompts} >= {"a", "an", "one", "1"}
+
+
 def test_natural_tokenizers_and_extended_encoders_read_old_captions_as_before_and_ignore_case():
     from transformers import CLIPTextModel, T5EncoderModel
 
