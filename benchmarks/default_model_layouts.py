@@ -10,6 +10,8 @@ Every layout generates each evaluation prompt with seed (seed + index), like
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 import time
 
 import numpy as np
@@ -23,7 +25,14 @@ LAYOUTS = {
     "pipefusion 2, full warmup": dict(pipefusion_parallel_degree=2, warmup_steps=10_000),
     "pipefusion 2, 1 warmup step": dict(pipefusion_parallel_degree=2, warmup_steps=1),
     "pipefusion 4, 1 warmup step": dict(pipefusion_parallel_degree=4, warmup_steps=1),
+    # beyond the default run (--layouts): more warmup steps, where one is not enough (512 px)
+    "pipefusion 2, 2 warmup steps": dict(pipefusion_parallel_degree=2, warmup_steps=2),
+    "pipefusion 2, 3 warmup steps": dict(pipefusion_parallel_degree=2, warmup_steps=3),
+    "pipefusion 2, 5 warmup steps": dict(pipefusion_parallel_degree=2, warmup_steps=5),
+    "pipefusion 2, 19 warmup steps": dict(pipefusion_parallel_degree=2, warmup_steps=19),
+    "pipefusion 4, 3 warmup steps": dict(pipefusion_parallel_degree=4, warmup_steps=3),
 }
+DEFAULT_LAYOUTS = [name for name in LAYOUTS if "warmup steps" not in name or name.endswith("full warmup")]
 
 
 def generate_all(degrees: dict, prompts: list[str], seed: int, fp8_kwargs: dict | None = None, size: int | None = None):
@@ -74,7 +83,7 @@ def main() -> None:
     args = parser.parse_args()
     out = args.out or f"benchmarks/results/default_model_layouts{f'_{args.size}' if args.size else ''}.md"
     prompts = list(dataset.EVAL_PROMPTS[: args.limit] if args.limit else dataset.EVAL_PROMPTS)
-    names = list(LAYOUTS) if args.layouts is None else ["serial"] + [
+    names = DEFAULT_LAYOUTS if args.layouts is None else ["serial"] + [
         n.strip() for n in args.layouts.split(";") if n.strip() not in ("", "serial")]
     unknown = [n for n in names if n not in LAYOUTS]
     if unknown:
@@ -101,8 +110,7 @@ def main() -> None:
         close_all_pools()
     size = args.size or 256
     lines = [f"Default model, {len(prompts)} held-out prompts at {size}x{size}, seeds {args.seed}.."
-             f"{args.seed + len(prompts) - 1} (`python -m benchmarks.default_model_layouts"
-             f"{f' --size {args.size}' if args.size else ''}`)", "",
+             f"{args.seed + len(prompts) - 1} (`{' '.join(['python -m benchmarks.default_model_layouts'] + [shlex.quote(a) for a in sys.argv[1:]])}`)", "",
              "| layout | ranks | score | max abs diff vs serial | PSNR vs serial | s / image |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {n} | {w} | {s:.1f}% | {d:.1e} | {p:.1f} dB | {t:.2f} |" for n, w, s, d, p, t in rows]
