@@ -51,11 +51,20 @@ def test_engine_warns_api_users_once_per_word():
 def test_words_are_checked_without_case_or_punctuation_and_digits_need_the_grammar(tmp_path):
     from default_model import captions
 
-    fixed = PromptVocabulary.of_model(BUNDLED)
+    for grammar in captions.GRAMMARS:
+        (tmp_path / grammar).mkdir()
+        (tmp_path / grammar / "vocabulary.json").write_text(json.dumps(captions.known_words(grammar)))
+    fixed = PromptVocabulary.of_model(str(tmp_path / "fixed"))
     assert fixed.unknown_words(["Two RED circles, on a white background!", "A cat; 2 dogs"]) == ["cat", "2", "dogs"]
     assert fixed.needs_plain_text(["Two red circles"]) and not fixed.needs_plain_text(["two red circles"])
-    (tmp_path / "vocabulary.json").write_text(json.dumps(captions.known_words("natural")))
-    natural = PromptVocabulary.of_model(str(tmp_path))
+    natural = PromptVocabulary.of_model(str(tmp_path / "natural"))
     assert natural.unknown_words(["On a black background, 3 YELLOW triangles.", "an orange circle"]) == []
     assert natural.warning(["A single red circle."]) is None
+    assert not natural.needs_plain_text(["Two red circles"])
     assert unknown_words_warning(str(tmp_path / "elsewhere"), ["a cat"]) is None  # no vocabulary.json: no check
+
+
+def test_the_bundled_model_reads_natural_phrasing():
+    bundled = PromptVocabulary.of_model(BUNDLED)
+    assert bundled.unknown_words(["A blue square.", "a red circle", "On a black background, 3 yellow triangles",
+                                  "a cat"]) == ["cat"]
