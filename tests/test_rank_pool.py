@@ -53,3 +53,28 @@ def test_closed_pool_leaves_no_temp_folders():
     finally:
         pool.close()
     assert not any(os.path.exists(f) for f in folders), folders  # workers end with os._exit
+
+
+def _temp_dir_then_fail_on_rank_one(record: str):
+    import multiprocessing.util
+
+    with open(f"{record}.{dist.get_rank()}", "w") as f:
+        f.write(multiprocessing.util.get_temp_dir())
+    if dist.get_rank() == 1:
+        raise ValueError("boom on purpose")
+    dist.barrier()  # rank 0 waits until the pool kills it
+
+
+def test_a_failed_job_leaves_no_temp_folders(tmp_path):
+    import os
+
+    from meshdit.testing.rank_pool import RankPool
+
+    pool = RankPool(2)
+    try:
+        with pytest.raises(RankFailedError):
+            pool.run(_temp_dir_then_fail_on_rank_one, str(tmp_path / "temp"), timeout=60)
+    finally:
+        pool.close()
+    folders = [(tmp_path / f"temp.{r}").read_text() for r in range(2)]
+    assert not any(os.path.exists(f) for f in folders), folders  # rank 0 was killed mid-job

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import shutil
+import tempfile
 import time
 import traceback
 from typing import Any, Callable
@@ -20,7 +22,8 @@ from ..errors import RankFailedError
 _GRACE_AFTER_FAILURE_S = 5.0
 
 
-def _worker(rank: int, world_size: int, port: int, conn) -> None:
+def _worker(rank: int, world_size: int, port: int, conn, temp_dir: str) -> None:
+    tempfile.tempdir = temp_dir  # the pool's own folder: removed on close, even after a kill
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
@@ -54,13 +57,15 @@ class RankPool:
         self.world_size = world_size
         self._procs: list = []
         self._conns: list = []
+        self._temp_dir: str | None = None
 
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
         port = free_port()
+        self._temp_dir = tempfile.mkdtemp(prefix="meshdit-pool-")
         for rank in range(self.world_size):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(rank, self.world_size, port, child), daemon=True)
+            proc = ctx.Process(target=_worker, args=(rank, self.world_size, port, child, self._temp_dir), daemon=True)
             proc.start()
             self._procs.append(proc)
             self._conns.append(parent)
@@ -115,6 +120,9 @@ class RankPool:
                 proc.kill()
                 proc.join(timeout=5)
         self._procs, self._conns = [], []
+        if self._temp_dir is not None:  # what killed workers could not remove (their pymp-* folders)
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+            self._temp_dir = None
 
 
 _POOLS: dict[int, RankPool] = {}
