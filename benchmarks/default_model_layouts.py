@@ -25,14 +25,10 @@ LAYOUTS = {
     "pipefusion 2, full warmup": dict(pipefusion_parallel_degree=2, warmup_steps=10_000),
     "pipefusion 2, 1 warmup step": dict(pipefusion_parallel_degree=2, warmup_steps=1),
     "pipefusion 4, 1 warmup step": dict(pipefusion_parallel_degree=4, warmup_steps=1),
-    # beyond the default run (--layouts): more warmup steps, where one is not enough (512 px)
-    "pipefusion 2, 2 warmup steps": dict(pipefusion_parallel_degree=2, warmup_steps=2),
-    "pipefusion 2, 3 warmup steps": dict(pipefusion_parallel_degree=2, warmup_steps=3),
-    "pipefusion 2, 5 warmup steps": dict(pipefusion_parallel_degree=2, warmup_steps=5),
-    "pipefusion 2, 19 warmup steps": dict(pipefusion_parallel_degree=2, warmup_steps=19),
-    "pipefusion 4, 3 warmup steps": dict(pipefusion_parallel_degree=4, warmup_steps=3),
 }
-DEFAULT_LAYOUTS = [name for name in LAYOUTS if "warmup steps" not in name or name.endswith("full warmup")]
+# Only with --layouts: more warmup steps, where one is not enough (512 px)
+MORE_WARMUP = {f"pipefusion {pp}, {n} warmup steps": dict(pipefusion_parallel_degree=pp, warmup_steps=n)
+               for pp, n in ((2, 2), (2, 3), (2, 5), (2, 19), (4, 3))}
 
 
 def generate_all(degrees: dict, prompts: list[str], seed: int, fp8_kwargs: dict | None = None, size: int | None = None):
@@ -77,21 +73,22 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--size", type=int, default=None, help="height and width (default: the model's 256)")
     parser.add_argument("--layouts", default=None,
-                        help=f"';'-separated subset of: {'; '.join(LAYOUTS)} (serial always runs first)")
+                        help=f"';'-separated subset of: {'; '.join(LAYOUTS | MORE_WARMUP)} (serial always runs first)")
     parser.add_argument("--out", default=None,
                         help="table file (default benchmarks/results/default_model_layouts[_SIZE].md)")
     args = parser.parse_args()
     out = args.out or f"benchmarks/results/default_model_layouts{f'_{args.size}' if args.size else ''}.md"
     prompts = list(dataset.EVAL_PROMPTS[: args.limit] if args.limit else dataset.EVAL_PROMPTS)
-    names = DEFAULT_LAYOUTS if args.layouts is None else ["serial"] + [
+    choices = LAYOUTS | MORE_WARMUP
+    names = list(LAYOUTS) if args.layouts is None else ["serial"] + [
         n.strip() for n in args.layouts.split(";") if n.strip() not in ("", "serial")]
-    unknown = [n for n in names if n not in LAYOUTS]
+    unknown = [n for n in names if n not in choices]
     if unknown:
-        raise SystemExit(f"unknown layouts {unknown}; choose from: {'; '.join(LAYOUTS)}")
+        raise SystemExit(f"unknown layouts {unknown}; choose from: {'; '.join(choices)}")
     rows, serial = [], None
     try:
         for name in names:
-            degrees = LAYOUTS[name]
+            degrees = choices[name]
             world = split_layout(degrees)[0].world_size
             if world == 1:
                 images, seconds = generate_all(degrees, prompts, args.seed, size=args.size)
@@ -110,7 +107,8 @@ def main() -> None:
         close_all_pools()
     size = args.size or 256
     lines = [f"Default model, {len(prompts)} held-out prompts at {size}x{size}, seeds {args.seed}.."
-             f"{args.seed + len(prompts) - 1} (`{' '.join(['python -m benchmarks.default_model_layouts'] + [shlex.quote(a) for a in sys.argv[1:]])}`)", "",
+             f"{args.seed + len(prompts) - 1} (`{shlex.join(['python', '-m', 'benchmarks.default_model_layouts', *sys.argv[1:]])}`)",
+             "",
              "| layout | ranks | score | max abs diff vs serial | PSNR vs serial | s / image |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {n} | {w} | {s:.1f}% | {d:.1e} | {p:.1f} dB | {t:.2f} |" for n, w, s, d, p, t in rows]

@@ -288,10 +288,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE, help="true_cfg_scale")
     ap.add_argument("--size", type=int, default=DEFAULT_HEIGHT, help="height and width (e.g. 512)")
-    ap.add_argument("--paraphrased", action="store_true",
-                    help="score captions.PARAPHRASED_PROMPTS (evaluation-only templates) instead of the 56")
-    ap.add_argument("--bare", action="store_true",
-                    help="score captions.BARE_PROMPTS ('a blue square': every pair, no position or background)")
+    prompt_set = ap.add_mutually_exclusive_group()
+    prompt_set.add_argument("--paraphrased", action="store_true",
+                            help="score captions.PARAPHRASED_PROMPTS (evaluation-only templates) instead of the 56")
+    prompt_set.add_argument("--bare", action="store_true",
+                            help="score captions.BARE_PROMPTS ('a blue square': every pair, no position or background)")
     ap.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     ap.add_argument("--every", type=int, default=1, help="only every k-th prompt (quick checks)")
     ap.add_argument("--save", default=None, help="write a grid of the images to this PNG")
