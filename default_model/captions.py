@@ -8,6 +8,8 @@ Two grammars:
            is a shape somewhere), optional background phrase (none: any background), the background
            first ("on a black background, three yellow triangles"), case and punctuation; now and then
            no colour word ("two squares": any colour), so the shape word alone must carry the shape.
+           With a centre prior (position_drop) a caption without a position mostly shows a centred
+           shape, so "a blue square" has one likely layout instead of five equal ones.
 
 A caption's *template* (`template_of`) is what stays when the colour, shape and background words are
 taken out and case and punctuation dropped (the tokenizers drop them too): the phrase order and
@@ -120,11 +122,34 @@ def say(scene: D.Scene, order: str, form: str, case: str = "lower", period: bool
     return out + ("." if period else "")
 
 
-def natural_caption(scene: D.Scene, rng: np.random.Generator, colourless: float = COLOURLESS_SHARE) -> str:
+# A single shape's position is left out of 40 % of natural captions, whatever the position: "a blue square"
+# is then any of five places with equal odds, and a small model hedges between them (two faint shapes or a
+# blob). With a centre prior p, captions leave the position out mostly for centred shapes, so a caption
+# without one shows the shape in the centre with odds p (elsewhere 1 - p), as photographers frame a
+# lone subject.
+CENTRE_DROP = 0.9  # share of centred single shapes whose caption leaves the position out (with a prior)
+
+
+def position_drop(position: str, centre_prior: float | None) -> float:
+    """Share of natural captions of a single shape at `position` that leave the position out."""
+    if centre_prior is None:
+        return 0.4
+    if not 0 < centre_prior < 1:
+        raise ValueError(f"centre prior {centre_prior}: a share between 0 and 1 (exclusive)")
+    others = len(D.POSITIONS) - 1  # sample_scene draws the positions uniformly
+    # P(centre | no position) = CENTRE_DROP / (CENTRE_DROP + others * q) = centre_prior
+    q = CENTRE_DROP * (1 - centre_prior) / (centre_prior * others)
+    return CENTRE_DROP if position == "center" else min(q, 1.0)
+
+
+def natural_caption(scene: D.Scene, rng: np.random.Generator, colourless: float = COLOURLESS_SHARE,
+                    centre_prior: float | None = None) -> str:
     """A natural caption of an image showing `scene` (every field set): the position is said 60 % of the
-    time, the background 70 %, the colour all but `colourless` of the time, so the model learns that what
-    a caption leaves out can be anything."""
-    position = scene.position if scene.count == 1 and rng.random() < 0.6 else None
+    time (or, with `centre_prior`, mostly left out for centred shapes: see position_drop), the background
+    70 %, the colour all but `colourless` of the time, so the model learns that what a caption leaves out
+    can be anything."""
+    said_position = scene.count == 1 and rng.random() < 1 - position_drop(scene.position, centre_prior)
+    position = scene.position if said_position else None
     background = scene.background if rng.random() < 0.7 else None
     colour = None if rng.random() < colourless else scene.colour
     said = D.Scene(colour, scene.shape, scene.count, position, background)

@@ -17,7 +17,11 @@ Each run does what is not done yet, in order:
             The learning rate follows one cosine over --plan-steps optimizer steps, counted across runs, so
             the schedule does not depend on how fast (or how loaded) each run's machine is: a run on a busy
             machine, even one started at idle priority (`chrt -i 0`), makes fewer steps, not a shorter
-            schedule. Checkpoints every --save-every minutes.
+            schedule. Checkpoints every --save-every minutes. `--replan N` lengthens the cosine (it goes on
+            from the current step's fraction of N steps); `--replan N --restart` begins a new one at this
+            step (peak --lr after 100 warmup steps, zero at step N). `--centre-prior p` leaves the position
+            out mostly for centred single shapes (captions.position_drop), so "a blue square" means the
+            centre with odds p.
   save      (with --save DIR) the EMA transformer as a FluxPipeline folder with the natural tokenizers,
             the extended text encoders and vocabulary.json
 
@@ -132,19 +136,21 @@ def load_latents(cache: Path, images: dict[int, int]) -> dict[int, dict]:
 
 
 def caption_batch(scenes: list[D.Scene], rng: np.random.Generator, fixed_share: float, drop: float,
-                  colourless: float = K.COLOURLESS_SHARE) -> list[str]:
+                  colourless: float = K.COLOURLESS_SHARE, centre_prior: float | None = None) -> list[str]:
     out = []
     for scene in scenes:
         u = rng.random()
         natural = u >= drop + fixed_share
-        out.append(K.natural_caption(scene, rng, colourless) if natural else "" if u < drop else scene.caption)
+        out.append(K.natural_caption(scene, rng, colourless, centre_prior) if natural
+                   else "" if u < drop else scene.caption)
     return out
 
 
 def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed: int, lr: float,
           fixed_share: float, save_every: float, drop: float = 0.1, obj_weight: float = 4.0,
           ema_decay: float = 0.995, base_batch: int = BASE_BATCH, replan: int | None = None,
-          size_weights: dict[int, float] | None = None, colourless: float = K.COLOURLESS_SHARE) -> bool:
+          size_weights: dict[int, float] | None = None, colourless: float = K.COLOURLESS_SHARE,
+          restart: bool = False, centre_prior: float | None = None) -> bool:
     """Trains for `minutes` of wall time or what is left of the plan's steps; True once the plan is complete."""
     from diffusers import AutoencoderKL, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5EncoderModel
@@ -157,6 +163,13 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
         with open(ckpt / "steps.txt", "a") as f:
             f.write(f"plan {state['plan_steps']} -> {replan} steps at step {state['step']}\n")
         state["plan_steps"] = replan
+    if restart:  # a new cosine from this step: peak lr now (after 100 warmup steps), zero at the plan's end
+        if replan is None:
+            raise SystemExit("--restart needs --replan (the step the new cosine ends at)")
+        state["cycle_start"] = state["step"]
+        with open(ckpt / "steps.txt", "a") as f:
+            f.write(f"cosine restarted at step {state['step']} (peak lr {lr:g})\n")
+    cycle0 = state.get("cycle_start", 0)  # where the current cosine began
     plan, trained0, step0 = state["plan_steps"], state["trained_s"], state["step"]
     budget = minutes * 60
     if step0 >= plan:
@@ -185,7 +198,7 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     log(f"training from step {step0} of {plan} ({trained0 / 60:.1f} min trained) for up to {budget / 60:.1f} min; "
         f"sizes {sizes}, step shares {[round(float(p), 3) for p in probs]}, "
         f"batches {[batch_for(s, base_batch) for s in sizes]}, fixed captions {fixed_share:g}, "
-        f"colourless {colourless:g}")
+        f"colourless {colourless:g}, centre prior {centre_prior}")
 
     t0, step, avg, last_save, done_s = time.time(), 0, None, time.time(), 0.0  # done_s: training time, saves excluded
 
@@ -196,15 +209,16 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
         (ckpt / "state.pt.tmp").replace(ckpt / "state.pt")
 
     while done_s < budget and step0 + step < plan:
-        frac = (step0 + step) / plan
-        warm = min(1.0, (step0 + step + 1) / 100)  # the optimizer starts fresh: 100 warmup steps
+        frac = (step0 + step - cycle0) / (plan - cycle0)
+        warm = min(1.0, (step0 + step - cycle0 + 1) / 100)  # 100 warmup steps at a (re)start
         cur_lr = lr * warm * 0.5 * (1 + math.cos(math.pi * frac))
         for g in opt.param_groups:
             g["lr"] = cur_lr
         size = int(rng.choice(sizes, p=probs))
         idx = rng.integers(0, len(data[size]["scenes"]), size=batch_for(size, base_batch))
         x0 = (data[size]["z"][torch.from_numpy(idx)] - shift) * scale  # [B, 4, s/8, s/8]
-        texts = caption_batch([data[size]["scenes"][i] for i in idx], rng, fixed_share, drop, colourless)
+        texts = caption_batch([data[size]["scenes"][i] for i in idx], rng, fixed_share, drop, colourless,
+                              centre_prior)
         seq, pooled = encode_captions(clip, tokenizers[0], t5, tokenizers[1], texts)  # [B, 32, 64], [B, 64]
         loss = rectified_flow_loss(model, x0, seq, pooled, obj_weight)
         opt.zero_grad(set_to_none=True)
@@ -228,7 +242,7 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     log(f"trained {step} steps in {done_s:.0f}s, loss {avg:.4f}; checkpoint at step {step0 + step}")
     with open(ckpt / "steps.txt", "a") as f:
         f.write(f"steps {step0}-{step0 + step} {done_s:.0f}s loss {avg:.5f} peak lr {lr:g} colourless "
-                f"{colourless:g} fixed {fixed_share:g} (sizes {dict(zip(sizes, [round(float(p), 3) for p in probs]))})\n")
+                f"{colourless:g} fixed {fixed_share:g} centre prior {centre_prior} (sizes {dict(zip(sizes, [round(float(p), 3) for p in probs]))})\n")
     return step0 + step >= plan
 
 
@@ -276,6 +290,11 @@ def main() -> None:
     ap.add_argument("--fixed-share", type=float, default=0.2, help="captions in the fixed grammar (keeps the 56)")
     ap.add_argument("--colourless", type=float, default=K.COLOURLESS_SHARE,
                     help="share of natural captions without the colour word (trains the shape word alone)")
+    ap.add_argument("--restart", action="store_true",
+                    help="with --replan: start a new cosine at this step (peak --lr) instead of continuing the old one")
+    ap.add_argument("--centre-prior", type=float, default=None,
+                    help="share of position-less single-shape captions whose shape is centred (captions.position_drop; "
+                         "default: every position alike, 1/5)")
     ap.add_argument("--save", type=Path, default=None, help="write the pipeline folder here after training")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
@@ -290,7 +309,7 @@ def main() -> None:
     if args.minutes > 0:
         train(args.checkpoint, cache, images, args.minutes, args.seed, args.lr, args.fixed_share, args.save_every,
               replan=args.replan, size_weights=parse_size_weights(args.size_weights),
-              colourless=args.colourless)
+              colourless=args.colourless, restart=args.restart, centre_prior=args.centre_prior)
     if args.save:
         save_pipeline(args.checkpoint, args.save)
     log(f"total {time.time() - t0:.0f}s")

@@ -101,3 +101,21 @@ def test_natural_tokenizers_and_extended_encoders_read_old_captions_as_before_an
         assert all(bool((a == b).all()) for a, b in zip(before, after))
     for text in ("On a black background, 3 YELLOW triangles.", "an orange circle", "a single red circle"):
         assert "<unk>" not in new[1].convert_ids_to_tokens(new[1](text).input_ids)
+
+
+@pytest.mark.parametrize("prior", [None, 0.7])
+def test_a_centre_prior_centres_most_position_less_single_shapes(prior):
+    # Without a prior a caption that names no position shows each of the five places alike; with prior p
+    # the centre with odds p, and the other four share the rest. Either way every place occurs.
+    rng = np.random.default_rng(3)
+    left_out = {p: 0 for p in D.POSITIONS}
+    for _ in range(30000):
+        scene = D.sample_scene(rng)
+        if scene.count == 1 and D.parse_prompt(K.natural_caption(scene, rng, 0.3, prior)).position is None:
+            left_out[scene.position] += 1
+    share = {p: n / sum(left_out.values()) for p, n in left_out.items()}
+    centre = 0.2 if prior is None else prior
+    assert abs(share["center"] - centre) < 0.03, share
+    assert all(abs(share[p] - (1 - centre) / 4) < 0.03 for p in D.POSITIONS if p != "center"), share
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        K.position_drop("left", 1.0)

@@ -39,6 +39,14 @@ def test_runs_resume_one_schedule_until_the_plan_is_spent_then_save(tmp_path):
     assert f"plan 10000 -> {first['step'] + 3} steps" in (ckpt / "steps.txt").read_text()
     assert F.train(ckpt, cache, images, minutes=10, **run)  # nothing left: no step
     assert torch.load(ckpt / "state.pt")["step"] == second["step"]
+    # A restart begins a new cosine at the checkpoint's step (it needs the step the cosine ends at).
+    with pytest.raises(SystemExit, match="needs --replan"):
+        F.train(ckpt, cache, images, minutes=10, restart=True, **run)
+    assert F.train(ckpt, cache, images, minutes=10, replan=second["step"] + 2, restart=True, centre_prior=0.7, **run)
+    third = torch.load(ckpt / "state.pt")
+    assert third["step"] == second["step"] + 2 and third["cycle_start"] == second["step"]
+    assert not torch.equal(third["model"]["proj_out.weight"], second["model"]["proj_out.weight"])  # lr > 0 at once
+    assert f"cosine restarted at step {second['step']}" in (ckpt / "steps.txt").read_text()
     F.save_pipeline(ckpt, tmp_path / "out")
     assert json.loads((tmp_path / "out" / "vocabulary.json").read_text())["grammar"] == "natural"
     assert (tmp_path / "out" / "transformer" / "diffusion_pytorch_model.safetensors").exists()
