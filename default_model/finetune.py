@@ -17,8 +17,8 @@ Each run does what is not done yet, in order:
             The learning rate follows one cosine over --plan-steps optimizer steps, counted across runs, so
             the schedule does not depend on how fast (or how loaded) each run's machine is: a run on a busy
             machine, even one started at idle priority (`chrt -i 0`), makes fewer steps, not a shorter
-            schedule. Checkpoints every --save-every minutes. `--replan N` lengthens the cosine (it goes on
-            from the current step's fraction of N steps); `--replan N --restart` begins a new one at this
+            schedule. Checkpoints every --save-every minutes. `--replan N` lengthens the current cosine to end
+            at step N (it goes on from the current step's fraction of it); `--replan N --restart` begins a new one at this
             step (peak --lr after 100 warmup steps, zero at step N). `--centre-prior p` leaves the position
             out mostly for centred single shapes (captions.position_drop), so "a blue square" means the
             centre with odds p.
@@ -146,6 +146,13 @@ def caption_batch(scenes: list[D.Scene], rng: np.random.Generator, fixed_share: 
     return out
 
 
+def learning_rate(step: int, peak: float, plan: int, cycle_start: int = 0) -> float:
+    """The rate at optimizer step `step`: one cosine from `cycle_start` (100 warmup steps) to zero at `plan`."""
+    frac = (step - cycle_start) / (plan - cycle_start)
+    warm = min(1.0, (step - cycle_start + 1) / 100)
+    return peak * warm * 0.5 * (1 + math.cos(math.pi * frac))
+
+
 def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed: int, lr: float,
           fixed_share: float, save_every: float, drop: float = 0.1, obj_weight: float = 4.0,
           ema_decay: float = 0.995, base_batch: int = BASE_BATCH, replan: int | None = None,
@@ -209,9 +216,7 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
         (ckpt / "state.pt.tmp").replace(ckpt / "state.pt")
 
     while done_s < budget and step0 + step < plan:
-        frac = (step0 + step - cycle0) / (plan - cycle0)
-        warm = min(1.0, (step0 + step - cycle0 + 1) / 100)  # 100 warmup steps at a (re)start
-        cur_lr = lr * warm * 0.5 * (1 + math.cos(math.pi * frac))
+        cur_lr = learning_rate(step0 + step, lr, plan, cycle0)
         for g in opt.param_groups:
             g["lr"] = cur_lr
         size = int(rng.choice(sizes, p=probs))
@@ -281,8 +286,8 @@ def main() -> None:
     ap.add_argument("--plan-steps", type=int, default=16000,
                     help="optimizer steps of the whole schedule, over all runs (fixed when CHECKPOINT is new)")
     ap.add_argument("--replan", type=int, default=None,
-                    help="change an existing checkpoint's plan to this many steps (the cosine continues from "
-                         "the current step's fraction of the new plan)")
+                    help="change an existing checkpoint's plan to this many steps (the current cosine, which now "
+                         "ends at this step, continues from the current step's place in it)")
     ap.add_argument("--size-weights", default=DEFAULT_SIZE_WEIGHTS,
                     help="size:share,... of training steps per cached size (sizes not named: 0.1)")
     ap.add_argument("--save-every", type=float, default=10.0, help="minutes between checkpoints")

@@ -19,6 +19,19 @@ def test_caption_batch_mixes_fixed_natural_and_empty_captions():
     assert F.batch_for(256) == 16 and F.batch_for(512) == 4
 
 
+def test_learning_rate_is_one_cosine_per_cycle_with_warmup():
+    assert F.learning_rate(0, 1e-3, 1000) == 1e-5  # first of 100 warmup steps
+    assert F.learning_rate(99, 1e-3, 1000) == pytest.approx(1e-3 * 0.5 * (1 + np.cos(np.pi * 0.099)))
+    assert F.learning_rate(500, 1e-3, 1000) == pytest.approx(0.5e-3)
+    assert F.learning_rate(1000, 1e-3, 1000) == pytest.approx(0.0, abs=1e-15)
+    # A restart at step 42,000 to 48,500 warms up again from its own start, peaks, and ends at zero.
+    assert F.learning_rate(42_000, 1.5e-4, 48_500, cycle_start=42_000) == pytest.approx(1.5e-6)
+    assert F.learning_rate(42_099, 1.5e-4, 48_500, cycle_start=42_000) == pytest.approx(1.5e-4, rel=1e-3)
+    assert F.learning_rate(45_250, 1.5e-4, 48_500, cycle_start=42_000) == pytest.approx(0.75e-4)
+    # Without the restart the same step sits near the end of the old cosine (0 to 48,500): 4 % of the peak.
+    assert F.learning_rate(42_000, 1.5e-4, 48_500) < 0.05 * 1.5e-4
+
+
 def test_runs_resume_one_schedule_until_the_plan_is_spent_then_save(tmp_path):
     torch.set_num_threads(1)
     ckpt, cache, images = tmp_path / "ckpt", tmp_path / "cache", {256: 4, 512: 2}
