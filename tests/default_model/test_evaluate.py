@@ -49,3 +49,28 @@ def test_mild_blur_and_noise_still_pass():
         soft = np.asarray(Image.fromarray(img).filter(ImageFilter.GaussianBlur(1.5))).astype(np.float32)
         soft = np.clip(soft + rng.normal(0, 8, soft.shape), 0, 255) / 255.0
         assert E.score_image(soft, cap), (cap, E.mismatches(soft, cap))
+
+
+def test_several_seeds_print_the_pooled_score(monkeypatch, capsys):
+    """--seed 0 1: the prompt scored once per seed set, then the mean of the sets' scores."""
+    import re
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["evaluate", "--limit", "2", "--steps", "2", "--seed", "0", "1", "--quiet"])
+    E.main()
+    out = capsys.readouterr().out
+    per_set = [float(x) for x in re.findall(r"^score: ([\d.]+)%", out, re.M)]
+    assert len(per_set) == 2
+    pooled = re.search(r"^pooled over 2 seed sets \((.*)\): ([\d.]+)%$", out, re.M)
+    assert pooled, out
+    assert pooled.group(1) == " / ".join(f"{s:.1f}%" for s in per_set)
+    assert float(pooled.group(2)) == pytest.approx(sum(per_set) / 2, abs=0.05)
+
+
+def test_save_with_several_seeds_is_refused(monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["evaluate", "--seed", "0", "1", "--save", "grid.png"])
+    with pytest.raises(SystemExit):
+        E.main()
+    assert "give one --seed" in capsys.readouterr().err
