@@ -52,7 +52,7 @@ def test_mild_blur_and_noise_still_pass():
 
 
 def test_several_seeds_print_the_pooled_score(monkeypatch, capsys):
-    """--seed 0 1: the prompt scored once per seed set, then the mean of the sets' scores."""
+    """--seed 0 1: the prompts scored once per seed set, then the mean of the sets' scores."""
     import re
     import sys
 
