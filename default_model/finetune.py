@@ -18,8 +18,8 @@ Each run does what is not done yet, in order:
             the schedule does not depend on how fast (or how loaded) each run's machine is: a run on a busy
             machine, even one started at idle priority (`chrt -i 0`), makes fewer steps, not a shorter
             schedule. Checkpoints every --save-every minutes. `--replan N` lengthens the current cosine to end
-            at step N (it goes on from the current step's fraction of it); `--replan N --restart` begins a new one at this
-            step (peak --lr after 100 warmup steps, zero at step N). `--centre-prior p` leaves the position
+            at step N (it goes on from the current step's fraction of it); `--replan N --restart` begins a new
+            one at this step (peak --lr after 100 warmup steps, zero at step N). `--centre-prior p` leaves the position
             out mostly for centred single shapes (captions.position_drop), so "a blue square" means the
             centre with odds p.
   save      (with --save DIR) the EMA transformer as a FluxPipeline folder with the natural tokenizers,
