@@ -146,6 +146,22 @@ def caption_batch(scenes: list[D.Scene], rng: np.random.Generator, fixed_share: 
     return out
 
 
+@torch.no_grad()
+def drop_pooled_input(transformer, pooled_empty: torch.Tensor) -> None:
+    """Make the transformer ignore CLIP's pooled vector, answering every prompt as it answers "" now.
+
+    The pooled vector enters through adaLN (time_text_embed.text_embedder.linear_1: y = W p + b). It is
+    one entangled vector per prompt, so a colour/shape pair never seen in training gives a vector never
+    seen, which pulls the shape towards the colour's training shapes; the T5 sequence keeps one token per
+    word. Folding W p("") into b and zeroing W (kept zero: frozen) leaves the T5 tokens to say what to
+    draw. Plain diffusers still loads and runs the folder: CLIP runs, its output is multiplied by zero.
+    """
+    linear = transformer.time_text_embed.text_embedder.linear_1
+    linear.bias += linear.weight @ pooled_empty.reshape(-1)  # [128] += [128, 64] @ [64]
+    linear.weight.zero_()
+    linear.weight.requires_grad_(False)
+
+
 def learning_rate(step: int, peak: float, plan: int, cycle_start: int = 0) -> float:
     """The rate at optimizer step `step`: one cosine from `cycle_start` (100 warmup steps) to zero at `plan`."""
     frac = (step - cycle_start) / (plan - cycle_start)
@@ -157,7 +173,7 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
           fixed_share: float, save_every: float, drop: float = 0.1, obj_weight: float = 4.0,
           ema_decay: float = 0.995, base_batch: int = BASE_BATCH, replan: int | None = None,
           size_weights: dict[int, float] | None = None, colourless: float = K.COLOURLESS_SHARE,
-          restart: bool = False, centre_prior: float | None = None) -> bool:
+          restart: bool = False, centre_prior: float | None = None, no_pooled: bool = False) -> bool:
     """Trains for `minutes` of wall time or what is left of the plan's steps; True once the plan is complete."""
     from diffusers import AutoencoderKL, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5EncoderModel
@@ -197,6 +213,18 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     clip = CLIPTextModel.from_pretrained(ckpt / "text_encoder").eval()
     t5 = T5EncoderModel.from_pretrained(ckpt / "text_encoder_2").eval()
     tokenizers = C.clip_tokenizer(GRAMMAR), C.t5_tokenizer(GRAMMAR)
+    if no_pooled or state.get("no_pooled"):  # folded once; a resumed run only freezes the zero weight again
+        weight = model.time_text_embed.text_embedder.linear_1.weight
+        if not state.get("no_pooled"):
+            empty = encode_captions(clip, tokenizers[0], t5, tokenizers[1], [""])[1].detach()  # [1, 64]
+            drop_pooled_input(model, empty)
+            drop_pooled_input(ema, empty)
+            state["no_pooled"] = True
+            with open(ckpt / "steps.txt", "a") as f:
+                f.write(f"pooled CLIP input folded into the bias and zeroed at step {step0}\n")
+        weight.requires_grad_(False)
+        if weight.abs().max() != 0:
+            raise SystemExit("the checkpoint says the pooled input is dropped but its weight is not zero")
     data = load_latents(cache, images)
     sizes = sorted(data)
     weights = size_weights or parse_size_weights(DEFAULT_SIZE_WEIGHTS)
@@ -205,7 +233,7 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     log(f"training from step {step0} of {plan} ({trained0 / 60:.1f} min trained) for up to {budget / 60:.1f} min; "
         f"sizes {sizes}, step shares {[round(float(p), 3) for p in probs]}, "
         f"batches {[batch_for(s, base_batch) for s in sizes]}, fixed captions {fixed_share:g}, "
-        f"colourless {colourless:g}, centre prior {centre_prior}")
+        f"colourless {colourless:g}, centre prior {centre_prior}, pooled input {'dropped' if state.get('no_pooled') else 'used'}")
 
     t0, step, avg, last_save, done_s = time.time(), 0, None, time.time(), 0.0  # done_s: training time, saves excluded
 
@@ -247,7 +275,8 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     log(f"trained {step} steps in {done_s:.0f}s, loss {avg:.4f}; checkpoint at step {step0 + step}")
     with open(ckpt / "steps.txt", "a") as f:
         f.write(f"steps {step0}-{step0 + step} {done_s:.0f}s loss {avg:.5f} peak lr {lr:g} colourless "
-                f"{colourless:g} fixed {fixed_share:g} centre prior {centre_prior} (sizes {dict(zip(sizes, [round(float(p), 3) for p in probs]))})\n")
+                f"{colourless:g} fixed {fixed_share:g} centre prior {centre_prior}"
+                f"{' no pooled' if state.get('no_pooled') else ''} (sizes {dict(zip(sizes, [round(float(p), 3) for p in probs]))})\n")
     return step0 + step >= plan
 
 
@@ -300,6 +329,8 @@ def main() -> None:
     ap.add_argument("--centre-prior", type=float, default=None,
                     help="share of position-less single-shape captions whose shape is centred (captions.position_drop; "
                          "default: every position alike, 1/5)")
+    ap.add_argument("--no-pooled", action="store_true",
+                    help="from this run on, ignore CLIP's pooled vector (drop_pooled_input; stored in the checkpoint)")
     ap.add_argument("--save", type=Path, default=None, help="write the pipeline folder here after training")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
@@ -314,7 +345,8 @@ def main() -> None:
     if args.minutes > 0:
         train(args.checkpoint, cache, images, args.minutes, args.seed, args.lr, args.fixed_share, args.save_every,
               replan=args.replan, size_weights=parse_size_weights(args.size_weights),
-              colourless=args.colourless, restart=args.restart, centre_prior=args.centre_prior)
+              colourless=args.colourless, restart=args.restart, centre_prior=args.centre_prior,
+              no_pooled=args.no_pooled)
     if args.save:
         save_pipeline(args.checkpoint, args.save)
     log(f"total {time.time() - t0:.0f}s")

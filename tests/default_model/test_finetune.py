@@ -32,6 +32,26 @@ def test_learning_rate_is_one_cosine_per_cycle_with_warmup():
     assert F.learning_rate(42_000, 1.5e-4, 48_500) < 0.05 * 1.5e-4
 
 
+def test_dropping_the_pooled_input_answers_every_prompt_as_the_empty_one():
+    from diffusers import FluxTransformer2DModel
+
+    model = FluxTransformer2DModel.from_pretrained(weights_path(), subfolder="transformer").eval()
+    gen = torch.Generator().manual_seed(0)
+    x, text = torch.randn(1, 64, 16, generator=gen), torch.randn(1, 8, 64, generator=gen)  # 8x8 packed latents
+    empty, other = torch.randn(2, 1, 64, generator=gen)  # two pooled vectors
+
+    def velocity(pooled):
+        with torch.no_grad():
+            return model(hidden_states=x, encoder_hidden_states=text, pooled_projections=pooled,
+                         timestep=torch.tensor([0.5]), img_ids=torch.zeros(64, 3), txt_ids=torch.zeros(8, 3)).sample
+
+    before, before_other = velocity(empty), velocity(other)
+    assert not torch.allclose(before, before_other)  # the pooled vector mattered
+    F.drop_pooled_input(model, empty)
+    assert torch.allclose(velocity(empty), before, atol=1e-5)
+    assert torch.equal(velocity(other), velocity(empty))  # and now does not
+
+
 def test_runs_resume_one_schedule_until_the_plan_is_spent_then_save(tmp_path):
     torch.set_num_threads(1)
     ckpt, cache, images = tmp_path / "ckpt", tmp_path / "cache", {256: 4, 512: 2}
@@ -60,6 +80,15 @@ def test_runs_resume_one_schedule_until_the_plan_is_spent_then_save(tmp_path):
     assert third["step"] == second["step"] + 2 and third["cycle_start"] == second["step"]
     assert not torch.equal(third["model"]["proj_out.weight"], second["model"]["proj_out.weight"])  # lr > 0 at once
     assert f"cosine restarted at step {second['step']}" in (ckpt / "steps.txt").read_text()
+    # --no-pooled folds CLIP's pooled input away once; later runs keep its weight at zero without the flag.
+    key = "time_text_embed.text_embedder.linear_1.weight"
+    assert F.train(ckpt, cache, images, minutes=10, replan=third["step"] + 2, no_pooled=True, **run)
+    assert F.train(ckpt, cache, images, minutes=10, replan=third["step"] + 4, **run)
+    fourth = torch.load(ckpt / "state.pt")
+    assert fourth["no_pooled"] and fourth["step"] == third["step"] + 4
+    assert not fourth["model"][key].any() and not fourth["ema"][key].any()
+    assert f"pooled CLIP input folded into the bias and zeroed at step {third['step']}" in (
+        ckpt / "steps.txt").read_text()
     F.save_pipeline(ckpt, tmp_path / "out")
     assert json.loads((tmp_path / "out" / "vocabulary.json").read_text())["grammar"] == "natural"
     assert (tmp_path / "out" / "transformer" / "diffusion_pytorch_model.safetensors").exists()
