@@ -21,7 +21,8 @@ Each run does what is not done yet, in order:
             at step N (it goes on from the current step's fraction of it); `--replan N --restart` begins a new
             one at this step (peak --lr after 100 warmup steps, zero at step N). `--centre-prior p` leaves the position
             out mostly for centred single shapes (captions.position_drop), so "a blue square" means the
-            centre with odds p.
+            centre with odds p. `--no-pooled` (once; stored in the checkpoint) makes the transformer ignore
+            CLIP's pooled vector (drop_pooled_input): tried from step 48,500 and not kept (model card).
   save      (with --save DIR) the EMA transformer as a FluxPipeline folder with the natural tokenizers,
             the extended text encoders and vocabulary.json
 
