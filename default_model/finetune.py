@@ -215,18 +215,15 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     clip = CLIPTextModel.from_pretrained(ckpt / "text_encoder").eval()
     t5 = T5EncoderModel.from_pretrained(ckpt / "text_encoder_2").eval()
     tokenizers = C.clip_tokenizer(GRAMMAR), C.t5_tokenizer(GRAMMAR)
-    if no_pooled or state.get("no_pooled"):  # folded once; a resumed run only freezes the zero weight again
-        weight = model.time_text_embed.text_embedder.linear_1.weight
-        if not state.get("no_pooled"):
-            empty = encode_captions(clip, tokenizers[0], t5, tokenizers[1], [""])[1].detach()  # [1, 64]
-            drop_pooled_input(model, empty)
-            drop_pooled_input(ema, empty)
-            state["no_pooled"] = True
-            with open(ckpt / "steps.txt", "a") as f:
-                f.write(f"pooled CLIP input folded into the bias and zeroed at step {step0}\n")
-        weight.requires_grad_(False)
-        if weight.abs().max() != 0:
-            raise SystemExit("the checkpoint says the pooled input is dropped but its weight is not zero")
+    if no_pooled and not state.get("no_pooled"):  # folded once; later runs read it from the checkpoint
+        empty = encode_captions(clip, tokenizers[0], t5, tokenizers[1], [""])[1].detach()  # [1, 64]
+        drop_pooled_input(model, empty)
+        drop_pooled_input(ema, empty)
+        state["no_pooled"] = True
+        with open(ckpt / "steps.txt", "a") as f:
+            f.write(f"pooled CLIP input folded into the bias and zeroed at step {step0}\n")
+    if state.get("no_pooled"):  # a resumed run freezes the zero weight again (requires_grad is not saved)
+        model.time_text_embed.text_embedder.linear_1.weight.requires_grad_(False)
     data = load_latents(cache, images)
     sizes = sorted(data)
     weights = size_weights or parse_size_weights(DEFAULT_SIZE_WEIGHTS)
