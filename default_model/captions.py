@@ -10,6 +10,8 @@ Two grammars:
            no colour word ("two squares": any colour), so the shape word alone must carry the shape.
            With a centre prior (position_drop) a caption without a position mostly shows a centred
            shape, so "a blue square" has one likely layout instead of five equal ones.
+  mixed    (training only, finetune --mixed) two single shapes of different trained pairs, one sentence
+           each with its position: "a yellow circle on the left. a red square on the right".
 
 A caption's *template* (`template_of`) is what stays when the colour, shape and background words are
 taken out and case and punctuation dropped (the tokenizers drop them too): the phrase order and
@@ -168,6 +170,44 @@ def sample_training_caption(rng: np.random.Generator) -> tuple[D.Scene, str]:
     return scene, natural_caption(scene, rng)
 
 
+# ---------------------------------------------------------------- mixed captions (training only)
+
+# Where a mixed caption says its background: not at all, first ("on a gray background, a red circle on the
+# left. a blue square on the right"), or last. The two shapes are two sentences joined by "." (a comma would
+# teach "on the left, a blue square", the paraphrase set's position-first order).
+MIXED_BACKGROUND_PLACES = (None, "first", "last")
+
+
+def say_mixed(said: tuple[D.Scene, ...], forms: tuple[str, ...], background: str | None, place: str | None,
+              case: str = "lower", period: bool = False) -> str:
+    """Single shapes (each with its position) as one sentence each, the background `place`d once."""
+    sentences = [say(s, "NP", f) for s, f in zip(said, forms)]
+    if place == "first":
+        sentences[0] = f"on a {background} background, " + sentences[0]
+    elif place == "last":
+        sentences[-1] += f" on a {background} background"
+    return ". ".join(_apply_case(t, case) for t in sentences) + ("." if period else "")
+
+
+def mixed_caption(scenes: tuple[D.Scene, ...], rng: np.random.Generator, colourless: float = COLOURLESS_SHARE) -> str:
+    """A natural caption of a mixed scene (dataset.sample_mixed_scene): every shape with its position, in
+    either order; the background said 70 % of the time, first or last; both colour words left out
+    `colourless` of the time; count forms, case and a final period as natural_caption."""
+    order = list(scenes) if rng.random() < 0.5 else list(scenes)[::-1]
+    colourless_now = rng.random() < colourless
+    said = tuple(D.Scene(None if colourless_now else s.colour, s.shape, 1, s.position, None) for s in order)
+    forms = tuple(ONE_FORMS[rng.integers(len(ONE_FORMS))] for _ in said)
+    place = MIXED_BACKGROUND_PLACES[1 + rng.integers(2)] if rng.random() < 0.7 else None
+    case = CASES[rng.choice(len(CASES), p=CASE_WEIGHTS)]
+    return say_mixed(said, forms, scenes[0].background, place, case, period=rng.random() < 0.3)
+
+
+def sample_mixed_caption(rng: np.random.Generator) -> tuple[tuple[D.Scene, ...], str]:
+    """(mixed scene of the image, its caption)."""
+    scenes = D.sample_mixed_scene(rng)
+    return scenes, mixed_caption(scenes, rng)
+
+
 def template_of(caption: str) -> str:
     """The caption's template: colour -> C, shape -> S, background phrase -> B, position phrase -> P,
     the count form kept; case and punctuation dropped (the tokenizers drop them)."""
@@ -194,7 +234,7 @@ def template_of(caption: str) -> str:
 
 
 def training_templates() -> set[str]:
-    """Every template the training sampler can produce (enumerated, not sampled)."""
+    """Every template the training samplers (one-kind and mixed captions) can produce (enumerated, not sampled)."""
     out = set()
     for count, position in D.LAYOUTS:
         for bg in (None, "white"):
@@ -207,6 +247,10 @@ def training_templates() -> set[str]:
                         if form == "digit" and order.startswith("B"):
                             continue
                         out.add(template_of(say(scene, order, form)))
+    for colour, forms, place in itertools.product(("red", None), itertools.product(ONE_FORMS, repeat=2),
+                                                  MIXED_BACKGROUND_PLACES):
+        said = (D.Scene(colour, "circle", 1, "left", None), D.Scene(colour, "square", 1, "right", None))
+        out.add(template_of(say_mixed(said, forms, "white", place)))
     return out
 
 

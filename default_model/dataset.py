@@ -217,3 +217,32 @@ def sample(seed: int, size: int = 256, held_out: bool = False) -> tuple[np.ndarr
     rng = np.random.default_rng([seed, 1])
     scene = sample_scene(rng, held_out=held_out)
     return render(scene, size=size, seed=int(rng.integers(2**31))), scene.caption
+
+
+# ---------------------------------------------------------------- mixed scenes (training only)
+
+# Two single shapes of different (colour, shape) pairs side by side or one above the other, both trained
+# pairs. In the one-kind scenes a colour word rules out its held-out shape in the whole image ("yellow" in a
+# caption: never a square anywhere); a mixed scene shows a yellow circle beside a red square, so a colour
+# word has to bind to its own shape, not to the picture. Prompts and the evaluator keep one kind per image.
+MIXED_PLACES = (("left", "right"), ("top", "bottom"))
+
+
+def sample_mixed_scene(rng: np.random.Generator) -> tuple[Scene, Scene]:
+    """Two single shapes (count 1, positions set, one background) of two different trained pairs."""
+    i, j = rng.choice(len(TRAIN_PAIRS), size=2, replace=False)
+    places = MIXED_PLACES[rng.integers(len(MIXED_PLACES))]
+    background = list(BACKGROUNDS)[rng.integers(len(BACKGROUNDS))]
+    return tuple(Scene(*TRAIN_PAIRS[k], 1, p, background) for k, p in zip((i, j), places))
+
+
+def render_mixed(scenes: tuple[Scene, ...], size: int = 256, seed: int = 0) -> np.ndarray:
+    """Draw single shapes (each at its own position, one size) on their common background: uint8 [size, size, 3]."""
+    rng = np.random.default_rng(seed)
+    r = rng.uniform(*SIZE_RANGE) * size
+    img = Image.new("RGB", (size, size), BACKGROUNDS[scenes[0].background])
+    draw = ImageDraw.Draw(img)
+    for scene in scenes:
+        (cx, cy), = _centres(rng, scene, size)
+        _draw_shape(draw, scene.shape, cx, cy, r, COLOURS[scene.colour])
+    return np.asarray(img, dtype=np.uint8).copy()

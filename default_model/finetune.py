@@ -23,6 +23,9 @@ Each run does what is not done yet, in order:
             out mostly for centred single shapes (captions.position_drop), so "a blue square" means the
             centre with odds p. `--no-pooled` (once; stored in the checkpoint) makes the transformer ignore
             CLIP's pooled vector (drop_pooled_input): tried from step 48,500 and not kept (model card).
+            `--mixed p` draws that share of every batch from mixed scenes (two shapes of different trained
+            pairs, dataset.sample_mixed_scene, captioned by captions.mixed_caption; their latents cached
+            beside the others as mixed-{size}.pt, --mixed-images), so a colour word binds to its own shape.
   save      (with --save DIR) the EMA transformer as a FluxPipeline folder with the natural tokenizers,
             the extended text encoders and vocabulary.json
 
@@ -48,6 +51,7 @@ from .train import encode_captions, log, rectified_flow_loss, to_tensor
 
 GRAMMAR = "natural"
 DEFAULT_IMAGES = "256:6000,320:1500,384:1500,448:1500,512:3000"  # size:count of the latent cache
+DEFAULT_MIXED_IMAGES = "256:2000,320:500,384:500,448:500,512:1000"  # the mixed scenes' cache (with --mixed)
 DEFAULT_SIZE_WEIGHTS = "256:0.4,320:0.1,384:0.1,448:0.1,512:0.3"  # share of steps per size (others: 0.1)
 BASE_BATCH = 16  # images per step at 256 px; a size s gets about 16 * (256 / s)^2 (same tokens)
 SCENE_FIELDS = ("colour", "shape", "count", "position", "background")
@@ -124,6 +128,39 @@ def make_latents(ckpt: Path, cache: Path, images: dict[int, int], seed: int) -> 
         log(f"encoded {n} images at {size}px ({time.time() - t0:.0f}s)")
 
 
+@torch.no_grad()
+def make_mixed_latents(ckpt: Path, cache: Path, images: dict[int, int], seed: int) -> None:
+    """cache/mixed-{size}.pt per size: z [N, 4, s/8, s/8] of mixed scenes (dataset.sample_mixed_scene) and
+    their shapes' fields."""
+    from diffusers import AutoencoderKL
+
+    vae = AutoencoderKL.from_pretrained(ckpt / "vae").eval()
+    for size, n in images.items():
+        path = cache / f"mixed-{size}.pt"
+        if path.exists() and torch.load(path)["z"].shape[0] == n:
+            continue
+        t0, rng = time.time(), np.random.default_rng([seed, size, 11])
+        zs, scenes = [], []
+        for start_i in range(0, n, 16):
+            batch = []
+            for _ in range(min(16, n - start_i)):
+                mixed = D.sample_mixed_scene(rng)
+                batch.append(D.render_mixed(mixed, size=size, seed=int(rng.integers(2**31))))
+                scenes.append([[getattr(sc, f) for f in SCENE_FIELDS] for sc in mixed])
+            zs.append(vae.encode(to_tensor(batch)).latent_dist.mean)
+        torch.save({"z": torch.cat(zs), "scenes": scenes}, path)
+        log(f"encoded {n} mixed-scene images at {size}px ({time.time() - t0:.0f}s)")
+
+
+def load_mixed_latents(cache: Path, images: dict[int, int]) -> dict[int, dict]:
+    data = {}
+    for size in images:
+        d = torch.load(cache / f"mixed-{size}.pt")
+        d["scenes"] = [tuple(D.Scene(*f) for f in pair) for pair in d["scenes"]]
+        data[size] = d
+    return data
+
+
 def load_latents(cache: Path, images: dict[int, int]) -> dict[int, dict]:
     data = {}
     for size in images:
@@ -175,7 +212,8 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
           fixed_share: float, save_every: float, drop: float = 0.1, obj_weight: float = 4.0,
           ema_decay: float = 0.995, base_batch: int = BASE_BATCH, replan: int | None = None,
           size_weights: dict[int, float] | None = None, colourless: float = K.COLOURLESS_SHARE,
-          restart: bool = False, centre_prior: float | None = None, no_pooled: bool = False) -> bool:
+          restart: bool = False, centre_prior: float | None = None, no_pooled: bool = False,
+          mixed: float = 0.0, mixed_images: dict[int, int] | None = None) -> bool:
     """Trains for `minutes` of wall time or what is left of the plan's steps; True once the plan is complete."""
     from diffusers import AutoencoderKL, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5EncoderModel
@@ -225,14 +263,17 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     if state.get("no_pooled"):  # a resumed run freezes the zero weight again (requires_grad is not saved)
         model.time_text_embed.text_embedder.linear_1.weight.requires_grad_(False)
     data = load_latents(cache, images)
+    mixed_data = load_mixed_latents(cache, mixed_images) if mixed > 0 else {}
     sizes = sorted(data)
+    if mixed > 0 and set(mixed_data) != set(sizes):
+        raise SystemExit(f"--mixed-images sizes {sorted(mixed_data)} must be the --images sizes {sizes}")
     weights = size_weights or parse_size_weights(DEFAULT_SIZE_WEIGHTS)
     probs = np.array([weights.get(s, 0.1) for s in sizes])
     probs /= probs.sum()
     log(f"training from step {step0} of {plan} ({trained0 / 60:.1f} min trained) for up to {budget / 60:.1f} min; "
         f"sizes {sizes}, step shares {[round(float(p), 3) for p in probs]}, "
         f"batches {[batch_for(s, base_batch) for s in sizes]}, fixed captions {fixed_share:g}, "
-        f"colourless {colourless:g}, centre prior {centre_prior}, pooled input {'dropped' if state.get('no_pooled') else 'used'}")
+        f"colourless {colourless:g}, centre prior {centre_prior}, mixed scenes {mixed:g}, pooled input {'dropped' if state.get('no_pooled') else 'used'}")
 
     t0, step, avg, last_save, done_s = time.time(), 0, None, time.time(), 0.0  # done_s: training time, saves excluded
 
@@ -247,10 +288,18 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
         for g in opt.param_groups:
             g["lr"] = cur_lr
         size = int(rng.choice(sizes, p=probs))
-        idx = rng.integers(0, len(data[size]["scenes"]), size=batch_for(size, base_batch))
-        x0 = (data[size]["z"][torch.from_numpy(idx)] - shift) * scale  # [B, 4, s/8, s/8]
+        n = batch_for(size, base_batch)
+        n_mixed = int(rng.binomial(n, mixed)) if mixed > 0 else 0
+        idx = rng.integers(0, len(data[size]["scenes"]), size=n - n_mixed)
+        z = data[size]["z"][torch.from_numpy(idx)]  # [B - M, 4, s/8, s/8]
         texts = caption_batch([data[size]["scenes"][i] for i in idx], rng, fixed_share, drop, colourless,
                               centre_prior)
+        if n_mixed:
+            idx_m = rng.integers(0, len(mixed_data[size]["scenes"]), size=n_mixed)
+            z = torch.cat([z, mixed_data[size]["z"][torch.from_numpy(idx_m)]])  # [B, 4, s/8, s/8]
+            texts += ["" if rng.random() < drop else K.mixed_caption(mixed_data[size]["scenes"][i], rng, colourless)
+                      for i in idx_m]
+        x0 = (z - shift) * scale
         seq, pooled = encode_captions(clip, tokenizers[0], t5, tokenizers[1], texts)  # [B, 32, 64], [B, 64]
         loss = rectified_flow_loss(model, x0, seq, pooled, obj_weight)
         opt.zero_grad(set_to_none=True)
@@ -275,7 +324,7 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     with open(ckpt / "steps.txt", "a") as f:
         f.write(f"steps {step0}-{step0 + step} {done_s:.0f}s loss {avg:.5f} peak lr {lr:g} colourless "
                 f"{colourless:g} fixed {fixed_share:g} centre prior {centre_prior}"
-                f"{' no pooled' if state.get('no_pooled') else ''} (sizes {dict(zip(sizes, [round(float(p), 3) for p in probs]))})\n")
+                f"{f' mixed {mixed:g}' if mixed else ''}{' no pooled' if state.get('no_pooled') else ''} (sizes {dict(zip(sizes, [round(float(p), 3) for p in probs]))})\n")
     return step0 + step >= plan
 
 
@@ -330,6 +379,10 @@ def main() -> None:
                          "default: every position alike, 1/5)")
     ap.add_argument("--no-pooled", action="store_true",
                     help="from this run on, ignore CLIP's pooled vector (drop_pooled_input; stored in the checkpoint)")
+    ap.add_argument("--mixed", type=float, default=0.0,
+                    help="share of training images showing two shapes of different trained pairs (mixed scenes: "
+                         "a colour word must bind to its own shape), captioned by captions.mixed_caption")
+    ap.add_argument("--mixed-images", default=DEFAULT_MIXED_IMAGES, help="size:count,... of the mixed-scene cache")
     ap.add_argument("--save", type=Path, default=None, help="write the pipeline folder here after training")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
@@ -341,11 +394,14 @@ def main() -> None:
     if not (args.checkpoint / "state.pt").exists():
         start(args.init_from, args.checkpoint, args.seed, args.plan_steps)
     make_latents(args.checkpoint, cache, images, args.seed)
+    mixed_images = parse_images(args.mixed_images)
+    if args.mixed > 0:
+        make_mixed_latents(args.checkpoint, cache, mixed_images, args.seed)
     if args.minutes > 0:
         train(args.checkpoint, cache, images, args.minutes, args.seed, args.lr, args.fixed_share, args.save_every,
               replan=args.replan, size_weights=parse_size_weights(args.size_weights),
               colourless=args.colourless, restart=args.restart, centre_prior=args.centre_prior,
-              no_pooled=args.no_pooled)
+              no_pooled=args.no_pooled, mixed=args.mixed, mixed_images=mixed_images)
     if args.save:
         save_pipeline(args.checkpoint, args.save)
     log(f"total {time.time() - t0:.0f}s")

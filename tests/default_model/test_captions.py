@@ -52,8 +52,32 @@ def test_every_kind_of_variation_occurs(sampled):
     assert any(_norm(c) == _norm(s.caption) for s, c in sampled)  # the fixed caption is one of them
 
 
-def test_training_templates_are_what_the_sampler_draws(sampled):
-    assert {K.template_of(c) for _, c in sampled} == K.training_templates()
+@pytest.fixture(scope="module")
+def sampled_mixed():
+    rng = np.random.default_rng(1)
+    return [K.sample_mixed_caption(rng) for _ in range(3000)]
+
+
+def test_training_templates_are_what_the_samplers_draw(sampled, sampled_mixed):
+    assert {K.template_of(c) for _, c in sampled + sampled_mixed} == K.training_templates()
+
+
+def test_mixed_captions_say_each_shape_with_its_place_and_never_a_held_out_pair(sampled_mixed):
+    held_out = {_norm(p) for p in D.EVAL_PROMPTS + K.PARAPHRASED_PROMPTS}
+    for scenes, caption in sampled_mixed:
+        assert _norm(caption) not in held_out, caption
+        said = [D.parse_prompt(t) for t in caption.split(".") if t.strip()]  # one sentence per shape
+        assert len(said) == 2, caption
+        by_place = {s.position: s for s in scenes}
+        for p in said:
+            shown = by_place[p.position]
+            assert p.shape == shown.shape and p.colour in (None, shown.colour) and p.count == 1, caption
+            assert (p.colour, p.shape) not in D.HELD_OUT_PAIRS, caption
+            assert p.background in (None, shown.background), caption
+        assert {p.position for p in said} == set(by_place), caption
+        assert sum(p.background is not None for p in said) <= 1, caption  # the background said once at most
+    colourless = sum(D.parse_prompt(c).colour is None for _, c in sampled_mixed) / len(sampled_mixed)
+    assert abs(colourless - K.COLOURLESS_SHARE) < 0.03
 
 
 def test_paraphrases_are_held_out_pairs_in_templates_training_never_uses():

@@ -67,3 +67,24 @@ def test_clip_tokenizer_is_deterministic_across_processes():
         for seed in ("1", "2")
     }
     assert len(outs) == 1, outs
+
+
+def test_mixed_scenes_show_two_different_trained_pairs_in_their_places():
+    from default_model import evaluate as E
+
+    rng, side_by_side = np.random.default_rng(0), set()
+    for i in range(300):
+        scenes = D.sample_mixed_scene(rng)
+        assert len(scenes) == 2 and scenes[0].background == scenes[1].background
+        assert all(s.count == 1 and (s.colour, s.shape) in D.TRAIN_PAIRS for s in scenes)
+        assert (scenes[0].colour, scenes[0].shape) != (scenes[1].colour, scenes[1].shape)
+        assert tuple(s.position for s in scenes) in D.MIXED_PLACES
+        side_by_side |= {(a.colour, b.shape) for a, b in (scenes, scenes[::-1])}
+        if i < 20:
+            img = D.render_mixed(scenes, size=256, seed=i)
+            for s in scenes:  # each shape in its own colour at its own slot
+                x, y = D.SLOTS[s.position][0]
+                assert tuple(img[int(y * 256), int(x * 256)]) == D.COLOURS[s.colour]
+            assert E.analyse(img).count == 2
+    # a held-out pair's colour beside its shape (a yellow circle beside a red square), never as one shape
+    assert set(D.HELD_OUT_PAIRS) <= side_by_side

@@ -89,6 +89,14 @@ def test_runs_resume_one_schedule_until_the_plan_is_spent_then_save(tmp_path):
     assert not fourth["model"][key].any() and not fourth["ema"][key].any()
     assert f"pooled CLIP input folded into the bias and zeroed at step {third['step']}" in (
         ckpt / "steps.txt").read_text()
+    # --mixed draws that share of every batch from the mixed-scene cache (same sizes as the one-kind cache).
+    F.make_mixed_latents(ckpt, cache, images, seed=0)
+    assert torch.load(cache / "mixed-512.pt")["z"].shape == (2, 4, 64, 64)
+    with pytest.raises(SystemExit, match="must be the --images sizes"):
+        F.train(ckpt, cache, images, minutes=10, replan=fourth["step"] + 2, mixed=0.5, mixed_images={256: 4}, **run)
+    assert F.train(ckpt, cache, images, minutes=10, replan=fourth["step"] + 2, mixed=1.0, mixed_images=images, **run)
+    assert torch.load(ckpt / "state.pt")["step"] == fourth["step"] + 2
+    assert " mixed 1 " in (ckpt / "steps.txt").read_text()
     F.save_pipeline(ckpt, tmp_path / "out")
     assert json.loads((tmp_path / "out" / "vocabulary.json").read_text())["grammar"] == "natural"
     assert (tmp_path / "out" / "transformer" / "diffusion_pytorch_model.safetensors").exists()
