@@ -104,68 +104,48 @@ def start(init: Path, ckpt: Path, seed: int, plan_steps: int) -> None:
 # ---------------------------------------------------------------- latents
 
 
+def _one_kind(rng: np.random.Generator, size: int) -> tuple[np.ndarray, list]:
+    scene = D.sample_scene(rng)
+    return D.render(scene, size=size, seed=int(rng.integers(2**31))), [getattr(scene, f) for f in SCENE_FIELDS]
+
+
+def _mixed(rng: np.random.Generator, size: int) -> tuple[np.ndarray, list]:
+    scenes = D.sample_mixed_scene(rng)
+    image = D.render_mixed(scenes, size=size, seed=int(rng.integers(2**31)))
+    return image, [[getattr(sc, f) for f in SCENE_FIELDS] for sc in scenes]
+
+
 @torch.no_grad()
-def make_latents(ckpt: Path, cache: Path, images: dict[int, int], seed: int) -> None:
-    """cache/latents-{size}.pt per size: z [N, 4, s/8, s/8] and the scenes the images show."""
+def make_latents(ckpt: Path, cache: Path, images: dict[int, int], seed: int, mixed: bool = False) -> None:
+    """cache/latents-{size}.pt per size: z [N, 4, s/8, s/8] and the scenes the images show; with `mixed`,
+    cache/mixed-{size}.pt of mixed scenes (dataset.sample_mixed_scene) and their shapes' fields."""
     from diffusers import AutoencoderKL
 
     cache.mkdir(parents=True, exist_ok=True)
     vae = AutoencoderKL.from_pretrained(ckpt / "vae").eval()
+    prefix, draw, stream = ("mixed", _mixed, 11) if mixed else ("latents", _one_kind, 7)
     for size, n in images.items():
-        path = cache / f"latents-{size}.pt"
+        path = cache / f"{prefix}-{size}.pt"
         if path.exists() and torch.load(path)["z"].shape[0] == n:
             continue
-        t0, rng = time.time(), np.random.default_rng([seed, size, 7])
+        t0, rng = time.time(), np.random.default_rng([seed, size, stream])
         zs, scenes = [], []
         for start_i in range(0, n, 16):
             batch = []
             for _ in range(min(16, n - start_i)):
-                scene = D.sample_scene(rng)
-                batch.append(D.render(scene, size=size, seed=int(rng.integers(2**31))))
-                scenes.append([getattr(scene, f) for f in SCENE_FIELDS])
+                image, fields = draw(rng, size)
+                batch.append(image)
+                scenes.append(fields)
             zs.append(vae.encode(to_tensor(batch)).latent_dist.mean)
         torch.save({"z": torch.cat(zs), "scenes": scenes}, path)
-        log(f"encoded {n} images at {size}px ({time.time() - t0:.0f}s)")
+        log(f"encoded {n} {'mixed-scene ' if mixed else ''}images at {size}px ({time.time() - t0:.0f}s)")
 
 
-@torch.no_grad()
-def make_mixed_latents(ckpt: Path, cache: Path, images: dict[int, int], seed: int) -> None:
-    """cache/mixed-{size}.pt per size: z [N, 4, s/8, s/8] of mixed scenes (dataset.sample_mixed_scene) and
-    their shapes' fields."""
-    from diffusers import AutoencoderKL
-
-    vae = AutoencoderKL.from_pretrained(ckpt / "vae").eval()
-    for size, n in images.items():
-        path = cache / f"mixed-{size}.pt"
-        if path.exists() and torch.load(path)["z"].shape[0] == n:
-            continue
-        t0, rng = time.time(), np.random.default_rng([seed, size, 11])
-        zs, scenes = [], []
-        for start_i in range(0, n, 16):
-            batch = []
-            for _ in range(min(16, n - start_i)):
-                mixed = D.sample_mixed_scene(rng)
-                batch.append(D.render_mixed(mixed, size=size, seed=int(rng.integers(2**31))))
-                scenes.append([[getattr(sc, f) for f in SCENE_FIELDS] for sc in mixed])
-            zs.append(vae.encode(to_tensor(batch)).latent_dist.mean)
-        torch.save({"z": torch.cat(zs), "scenes": scenes}, path)
-        log(f"encoded {n} mixed-scene images at {size}px ({time.time() - t0:.0f}s)")
-
-
-def load_mixed_latents(cache: Path, images: dict[int, int]) -> dict[int, dict]:
+def load_latents(cache: Path, images: dict[int, int], mixed: bool = False) -> dict[int, dict]:
     data = {}
     for size in images:
-        d = torch.load(cache / f"mixed-{size}.pt")
-        d["scenes"] = [tuple(D.Scene(*f) for f in pair) for pair in d["scenes"]]
-        data[size] = d
-    return data
-
-
-def load_latents(cache: Path, images: dict[int, int]) -> dict[int, dict]:
-    data = {}
-    for size in images:
-        d = torch.load(cache / f"latents-{size}.pt")
-        d["scenes"] = [D.Scene(*s) for s in d["scenes"]]
+        d = torch.load(cache / f"{'mixed' if mixed else 'latents'}-{size}.pt")
+        d["scenes"] = [tuple(D.Scene(*f) for f in pair) if mixed else D.Scene(*pair) for pair in d["scenes"]]
         data[size] = d
     return data
 
@@ -263,7 +243,7 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     if state.get("no_pooled"):  # a resumed run freezes the zero weight again (requires_grad is not saved)
         model.time_text_embed.text_embedder.linear_1.weight.requires_grad_(False)
     data = load_latents(cache, images)
-    mixed_data = load_mixed_latents(cache, mixed_images) if mixed > 0 else {}
+    mixed_data = load_latents(cache, mixed_images, mixed=True) if mixed > 0 else {}
     sizes = sorted(data)
     if mixed > 0 and set(mixed_data) != set(sizes):
         raise SystemExit(f"--mixed-images sizes {sorted(mixed_data)} must be the --images sizes {sizes}")
@@ -396,7 +376,7 @@ def main() -> None:
     make_latents(args.checkpoint, cache, images, args.seed)
     mixed_images = parse_images(args.mixed_images)
     if args.mixed > 0:
-        make_mixed_latents(args.checkpoint, cache, mixed_images, args.seed)
+        make_latents(args.checkpoint, cache, mixed_images, args.seed, mixed=True)
     if args.minutes > 0:
         train(args.checkpoint, cache, images, args.minutes, args.seed, args.lr, args.fixed_share, args.save_every,
               replan=args.replan, size_weights=parse_size_weights(args.size_weights),

@@ -90,7 +90,7 @@ def test_runs_resume_one_schedule_until_the_plan_is_spent_then_save(tmp_path):
     assert f"pooled CLIP input folded into the bias and zeroed at step {third['step']}" in (
         ckpt / "steps.txt").read_text()
     # --mixed draws that share of every batch from the mixed-scene cache (same sizes as the one-kind cache).
-    F.make_mixed_latents(ckpt, cache, images, seed=0)
+    F.make_latents(ckpt, cache, images, seed=0, mixed=True)
     assert torch.load(cache / "mixed-512.pt")["z"].shape == (2, 4, 64, 64)
     with pytest.raises(SystemExit, match="must be the --images sizes"):
         F.train(ckpt, cache, images, minutes=10, replan=fourth["step"] + 2, mixed=0.5, mixed_images={256: 4}, **run)
