@@ -78,6 +78,18 @@ def test_one_warmup_step_error_is_bounded(run_ranks, name, layout):
         assert np.abs(image - ref).max() > 1e-6, "stale K/V should make PipeFusion differ from serial"
 
 
+@pytest.mark.parametrize("name", ["flux-4blocks", "sd35-4blocks", "hunyuandit-4blocks"])
+def test_stale_kv_error_depends_on_patches_not_stages(run_ranks, name):
+    """Stage boundaries only carry activations: with M patches a patch sees the same fresh and stale K/V
+    however many stages run the blocks, so PipeFusion 2 and 4 with 3 patches give one image (the error
+    above is the patches', and the PipeFusion 4 default, 4 patches, is staler than PipeFusion 2's 2)."""
+    two, four = (run(run_ranks, name, pipefusion_parallel_degree=stages, num_pipeline_patch=3, warmup_steps=1)
+                 for stages in (2, 4))
+    assert np.abs(two[0][0] - reference(name)).max() > 1e-6, "stale K/V should make PipeFusion differ from serial"
+    for rank, (image, _, _) in enumerate(two + four):
+        assert np.abs(image - two[0][0]).max() <= 1e-5 * np.abs(two[0][0]).max(), f"rank {rank}"
+
+
 def test_stale_kv_are_freed_when_denoising_ends(run_ranks):
     """The buffers belong to one generation: not held through the VAE decode or until the next request."""
     for rank, (during, after) in enumerate(run_ranks(2, sp_jobs.stale_kv_held, "flux-4blocks", *SIZE, STEPS)):
