@@ -14,8 +14,9 @@ Two grammars:
            each with its position: "a yellow circle on the left. a red square on the right".
 
 A caption's *template* (`template_of`) is what stays when the colour, shape and background words are
-taken out and case and punctuation dropped (the tokenizers drop them too): the phrase order and
-the count form. The training sampler draws from TRAINING_TEMPLATES only; PARAPHRASED_PROMPTS uses
+taken out and case and punctuation dropped: the phrase order and the count form. (The model still
+sees punctuation, a token of its own to both tokenizers, and T5 sees case; ignoring them makes a
+template only stricter: a paraphrase must differ from every training caption in its words alone.) The training sampler draws from TRAINING_TEMPLATES only; PARAPHRASED_PROMPTS uses
 other templates (position first, position after the background, a digit after a leading background)
 on the held-out (colour, shape) pairs, so it measures rewording the model never saw, on pairs it
 never saw.
@@ -210,7 +211,7 @@ def sample_mixed_caption(rng: np.random.Generator) -> tuple[tuple[D.Scene, ...],
 
 def template_of(caption: str) -> str:
     """The caption's template: colour -> C, shape -> S, background phrase -> B, position phrase -> P,
-    the count form kept; case and punctuation dropped (the tokenizers drop them)."""
+    the count form kept; case and punctuation dropped (so templates differ in words alone)."""
     words = D.prompt_words(caption)
     text = " " + " ".join(words) + " "
     for bg in D.BACKGROUNDS:
