@@ -16,10 +16,10 @@ Two grammars:
 A caption's *template* (`template_of`) is what stays when the colour, shape and background words are
 taken out and case and punctuation dropped: the phrase order and the count form. (The model still
 sees punctuation, a token of its own to both tokenizers, and T5 sees case; ignoring them makes a
-template only stricter: a paraphrase must differ from every training caption in its words alone.) The training sampler draws from TRAINING_TEMPLATES only; PARAPHRASED_PROMPTS uses
-other templates (position first, position after the background, a digit after a leading background)
-on the held-out (colour, shape) pairs, so it measures rewording the model never saw, on pairs it
-never saw.
+template only stricter: a paraphrase must differ from every training caption in its words alone.)
+The training sampler draws from TRAINING_TEMPLATES only; PARAPHRASED_PROMPTS uses other templates
+(position first, position after the background, a digit after a leading background) on the held-out
+(colour, shape) pairs, so it measures rewording the model never saw, on pairs it never saw.
 """
 
 from __future__ import annotations
