@@ -25,7 +25,8 @@ Each run does what is not done yet, in order:
             CLIP's pooled vector (drop_pooled_input): tried from step 48,500 and not kept (model card).
             `--mixed p` draws that share of every batch from mixed scenes (two shapes of different trained
             pairs, dataset.sample_mixed_scene, captioned by captions.mixed_caption; their latents cached
-            beside the others as mixed-{size}.pt, --mixed-images), so a colour word binds to its own shape.
+            beside the others as mixed-{size}.pt, --mixed-images), so a colour word binds to its own shape;
+            batches of a size --mixed-images leaves out are all one kind.
   save      (with --save DIR) the EMA transformer as a FluxPipeline folder with the natural tokenizers,
             the extended text encoders and vocabulary.json
 
@@ -242,18 +243,18 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
             f.write(f"pooled CLIP input folded into the bias and zeroed at step {step0}\n")
     if state.get("no_pooled"):  # a resumed run freezes the zero weight again (requires_grad is not saved)
         model.time_text_embed.text_embedder.linear_1.weight.requires_grad_(False)
+    if mixed > 0 and not set(mixed_images) <= set(images):
+        raise SystemExit(f"--mixed-images sizes {sorted(mixed_images)} must be among the --images sizes {sorted(images)}")
     data = load_latents(cache, images)
     mixed_data = load_latents(cache, mixed_images, mixed=True) if mixed > 0 else {}
     sizes = sorted(data)
-    if mixed > 0 and set(mixed_data) != set(sizes):
-        raise SystemExit(f"--mixed-images sizes {sorted(mixed_data)} must be the --images sizes {sizes}")
     weights = size_weights or parse_size_weights(DEFAULT_SIZE_WEIGHTS)
     probs = np.array([weights.get(s, 0.1) for s in sizes])
     probs /= probs.sum()
     log(f"training from step {step0} of {plan} ({trained0 / 60:.1f} min trained) for up to {budget / 60:.1f} min; "
         f"sizes {sizes}, step shares {[round(float(p), 3) for p in probs]}, "
         f"batches {[batch_for(s, base_batch) for s in sizes]}, fixed captions {fixed_share:g}, "
-        f"colourless {colourless:g}, centre prior {centre_prior}, mixed scenes {mixed:g}, pooled input {'dropped' if state.get('no_pooled') else 'used'}")
+        f"colourless {colourless:g}, centre prior {centre_prior}, mixed scenes {mixed:g} at {sorted(mixed_data)} px, pooled input {'dropped' if state.get('no_pooled') else 'used'}")
 
     t0, step, avg, last_save, done_s = time.time(), 0, None, time.time(), 0.0  # done_s: training time, saves excluded
 
@@ -269,7 +270,7 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
             g["lr"] = cur_lr
         size = int(rng.choice(sizes, p=probs))
         n = batch_for(size, base_batch)
-        n_mixed = int(rng.binomial(n, mixed)) if mixed > 0 else 0
+        n_mixed = int(rng.binomial(n, mixed)) if size in mixed_data else 0  # sizes without mixed latents: one kind
         idx = rng.integers(0, len(data[size]["scenes"]), size=n - n_mixed)
         z = data[size]["z"][torch.from_numpy(idx)]  # [B - M, 4, s/8, s/8]
         texts = caption_batch([data[size]["scenes"][i] for i in idx], rng, fixed_share, drop, colourless,
@@ -304,7 +305,7 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     with open(ckpt / "steps.txt", "a") as f:
         f.write(f"steps {step0}-{step0 + step} {done_s:.0f}s loss {avg:.5f} peak lr {lr:g} colourless "
                 f"{colourless:g} fixed {fixed_share:g} centre prior {centre_prior}"
-                f"{f' mixed {mixed:g}' if mixed else ''}{' no pooled' if state.get('no_pooled') else ''} (sizes {dict(zip(sizes, [round(float(p), 3) for p in probs]))})\n")
+                f"{f' mixed {mixed:g} at {sorted(mixed_data)} px' if mixed else ''}{' no pooled' if state.get('no_pooled') else ''} (sizes {dict(zip(sizes, [round(float(p), 3) for p in probs]))})\n")
     return step0 + step >= plan
 
 
@@ -362,7 +363,7 @@ def main() -> None:
     ap.add_argument("--mixed", type=float, default=0.0,
                     help="share of training images showing two shapes of different trained pairs (mixed scenes: "
                          "a colour word must bind to its own shape), captioned by captions.mixed_caption")
-    ap.add_argument("--mixed-images", default=DEFAULT_MIXED_IMAGES, help="size:count,... of the mixed-scene cache")
+    ap.add_argument("--mixed-images", default=DEFAULT_MIXED_IMAGES, help="size:count,... of the mixed-scene cache (the sizes with mixed scenes)")
     ap.add_argument("--save", type=Path, default=None, help="write the pipeline folder here after training")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)

@@ -52,7 +52,7 @@ def test_dropping_the_pooled_input_answers_every_prompt_as_the_empty_one():
     assert torch.equal(velocity(other), velocity(empty))  # and now does not
 
 
-def test_runs_resume_one_schedule_until_the_plan_is_spent_then_save(tmp_path):
+def test_runs_resume_one_schedule_until_the_plan_is_spent_then_save(tmp_path, monkeypatch):
     torch.set_num_threads(1)
     ckpt, cache, images = tmp_path / "ckpt", tmp_path / "cache", {256: 4, 512: 2}
     F.start(weights_path(), ckpt, seed=0, plan_steps=10_000)
@@ -89,14 +89,30 @@ def test_runs_resume_one_schedule_until_the_plan_is_spent_then_save(tmp_path):
     assert not fourth["model"][key].any() and not fourth["ema"][key].any()
     assert f"pooled CLIP input folded into the bias and zeroed at step {third['step']}" in (
         ckpt / "steps.txt").read_text()
-    # --mixed draws that share of every batch from the mixed-scene cache (same sizes as the one-kind cache).
+    # --mixed draws that share of every batch from the mixed-scene cache, at the sizes it has latents of.
     F.make_latents(ckpt, cache, images, seed=0, mixed=True)
     assert torch.load(cache / "mixed-512.pt")["z"].shape == (2, 4, 64, 64)
-    with pytest.raises(SystemExit, match="must be the --images sizes"):
-        F.train(ckpt, cache, images, minutes=10, replan=fourth["step"] + 2, mixed=0.5, mixed_images={256: 4}, **run)
+    with pytest.raises(SystemExit, match="must be among the --images sizes"):
+        F.train(ckpt, cache, images, minutes=10, replan=fourth["step"] + 2, mixed=0.5, mixed_images={320: 4}, **run)
     assert F.train(ckpt, cache, images, minutes=10, replan=fourth["step"] + 2, mixed=1.0, mixed_images=images, **run)
     assert torch.load(ckpt / "state.pt")["step"] == fourth["step"] + 2
-    assert " mixed 1 " in (ckpt / "steps.txt").read_text()
+    assert " mixed 1 at [256, 512] px " in (ckpt / "steps.txt").read_text()
+    # Mixed scenes at 256 px only: the 512 px batches stay one kind. Each step's size and mixed captions, recorded:
+    steps, mixed_said = [], []
+    real_caption, real_loss = F.K.mixed_caption, F.rectified_flow_loss
+    monkeypatch.setattr(F.K, "mixed_caption", lambda *a, **k: mixed_said.append(1) or real_caption(*a, **k))
+
+    def loss(model, x0, *rest):  # x0: [B, 4, s/8, s/8]
+        steps.append((x0.shape[-1] * 8, len(mixed_said)))
+        mixed_said.clear()
+        return real_loss(model, x0, *rest)
+
+    monkeypatch.setattr(F, "rectified_flow_loss", loss)
+    assert F.train(ckpt, cache, images, minutes=10, replan=fourth["step"] + 40, mixed=1.0, mixed_images={256: 4},
+                   size_weights={256: 0.5, 512: 0.5}, **run)
+    assert {size for size, _ in steps} == {256, 512}
+    assert all(n == 0 for size, n in steps if size == 512) and sum(n for size, n in steps if size == 256) > 0
+    assert " mixed 1 at [256] px " in (ckpt / "steps.txt").read_text()
     F.save_pipeline(ckpt, tmp_path / "out")
     assert json.loads((tmp_path / "out" / "vocabulary.json").read_text())["grammar"] == "natural"
     assert (tmp_path / "out" / "transformer" / "diffusion_pytorch_model.safetensors").exists()
