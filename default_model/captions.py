@@ -1,7 +1,7 @@
 """Caption grammars of the default model: the words each knows, the natural training captions, and the
 evaluation-only paraphrases.
 
-Two grammars:
+Three grammars:
   fixed    what the first release was trained on: "one red circle on the left on a white background"
   natural  the same scenes said as people say them (issue 18): articles for one ("a", "an", "one",
            "a single", "1"), number words or digits, optional position phrase (a single shape with none
@@ -10,8 +10,11 @@ Two grammars:
            no colour word ("two squares": any colour), so the shape word alone must carry the shape.
            With a centre prior (position_drop) a caption without a position mostly shows a centred
            shape, so "a blue square" has one likely layout instead of five equal ones.
-  mixed    (training only, finetune --mixed) two single shapes of different trained pairs, one sentence
-           each with its position: "a yellow circle on the left. a red square on the right".
+  joined   the natural grammar and the word "and", which joins the two shapes of a mixed caption.
+  mixed    (training only, finetune --mixed) two single shapes of different trained pairs, each with its
+           position: one sentence each under the natural grammar ("a yellow circle on the left. a red
+           square on the right"), joined by "and" under the joined one ("a yellow circle on the left and
+           a red square on the right"), so that no one-shape caption reads like half of a mixed one.
 
 A caption's *template* (`template_of`) is what stays when the colour, shape and background words are
 taken out and case and punctuation dropped: the phrase order and the count form. (The model still
@@ -30,9 +33,10 @@ import numpy as np
 
 from . import dataset as D
 
-GRAMMARS = ("fixed", "natural")
+GRAMMARS = ("fixed", "natural", "joined")
 FUNCTION_WORDS = ("on", "the", "at", "in", "a", "background")
 NATURAL_WORDS = ("an", "single", "1", "2", "3")  # the natural grammar's words beyond the fixed one's
+JOINED_WORDS = ("and",)  # the joined grammar's words beyond the natural one's
 
 # How a count is said: single shapes in 4 forms, groups as a word or a digit.
 ONE_FORMS = ("article", "one", "single", "digit")
@@ -51,18 +55,20 @@ COLOURLESS_SHARE = 0.15
 def vocabulary(grammar: str = "fixed") -> list[str]:
     """The tokenizer words of `grammar` (plural 's' is its own piece), in a fixed order: the fixed
     grammar's words first, so the natural tokenizers keep every earlier word."""
-    words = D.vocabulary()
-    if grammar == "natural":
-        words += list(NATURAL_WORDS)
-    elif grammar != "fixed":
+    if grammar not in GRAMMARS:
         raise ValueError(f"unknown grammar {grammar!r}: one of {GRAMMARS}")
+    words = D.vocabulary()
+    if grammar != "fixed":
+        words += list(NATURAL_WORDS)
+    if grammar == "joined":
+        words += list(JOINED_WORDS)
     return words
 
 
 def known_words(grammar: str) -> dict:
     """What `grammar` lets a prompt say, by kind, and every word it uses (plurals included): the content
     of a model folder's vocabulary.json (meshdit's unknown-word warning reads it)."""
-    counts = list(D.COUNT_WORDS.values()) + (["a", "an", "single", "1", "2", "3"] if grammar == "natural" else [])
+    counts = list(D.COUNT_WORDS.values()) + (["a", "an", "single", "1", "2", "3"] if grammar != "fixed" else [])
     return {
         "grammar": grammar,
         "colours": list(D.COLOURS),
@@ -73,7 +79,7 @@ def known_words(grammar: str) -> dict:
         "example": D.Scene("red", "circle", 2, None, "white").caption,
         "words": sorted(set(vocabulary(grammar)) | {s + "s" for s in D.SHAPES}),
         # The fixed grammar's T5 tokenizer has lower-case pieces only; the natural one reads any case and , .
-        "reads_case_and_punctuation": grammar == "natural",
+        "reads_case_and_punctuation": grammar != "fixed",
     }
 
 
@@ -174,39 +180,46 @@ def sample_training_caption(rng: np.random.Generator) -> tuple[D.Scene, str]:
 # ---------------------------------------------------------------- mixed captions (training only)
 
 # Where a mixed caption says its background: not at all, first ("on a gray background, a red circle on the
-# left. a blue square on the right"), or last. The two shapes are two sentences joined by "." (a comma would
-# teach "on the left, a blue square", the paraphrase set's position-first order).
+# left. a blue square on the right"), or last. Under the natural grammar the two shapes are two sentences
+# joined by "." (a comma would teach "on the left, a blue square", the paraphrase set's position-first
+# order); then a one-shape caption ("a blue square on the right") is word for word the second half of a
+# mixed one, and a model trained on many mixed scenes draws a second shape for it. The joined grammar says
+# "and" between them instead, a word no one-shape caption has.
 MIXED_BACKGROUND_PLACES = (None, "first", "last")
 
 
 def say_mixed(said: tuple[D.Scene, ...], forms: tuple[str, ...], background: str | None, place: str | None,
-              case: str = "lower", period: bool = False) -> str:
-    """Single shapes (each with its position) as one sentence each, the background `place`d once."""
-    sentences = [say(s, "NP", f) for s, f in zip(said, forms)]
+              case: str = "lower", period: bool = False, joined: bool = False) -> str:
+    """Single shapes (each with its position) as one sentence each (`joined`: one sentence, "and" between
+    them), the background `place`d once."""
+    parts = [say(s, "NP", f) for s, f in zip(said, forms)]
     if place == "first":
-        sentences[0] = f"on a {background} background, " + sentences[0]
+        parts[0] = f"on a {background} background, " + parts[0]
     elif place == "last":
-        sentences[-1] += f" on a {background} background"
-    return ". ".join(_apply_case(t, case) for t in sentences) + ("." if period else "")
+        parts[-1] += f" on a {background} background"
+    text = _apply_case(" and ".join(parts), case) if joined else ". ".join(_apply_case(t, case) for t in parts)
+    return text + ("." if period else "")
 
 
-def mixed_caption(scenes: tuple[D.Scene, ...], rng: np.random.Generator, colourless: float = COLOURLESS_SHARE) -> str:
+def mixed_caption(scenes: tuple[D.Scene, ...], rng: np.random.Generator, colourless: float = COLOURLESS_SHARE,
+                  joined: bool = False) -> str:
     """A natural caption of a mixed scene (dataset.sample_mixed_scene): every shape with its position, in
-    either order; the background said 70 % of the time, first or last; both colour words left out
-    `colourless` of the time; count forms, case and a final period as natural_caption."""
+    either order, joined by "." or (`joined`, the joined grammar) by "and"; the background said 70 % of the
+    time, first or last; both colour words left out `colourless` of the time; count forms, case and a final
+    period as natural_caption."""
     order = list(scenes) if rng.random() < 0.5 else list(scenes)[::-1]
     colourless_now = rng.random() < colourless
     said = tuple(D.Scene(None if colourless_now else s.colour, s.shape, 1, s.position, None) for s in order)
     forms = tuple(ONE_FORMS[rng.integers(len(ONE_FORMS))] for _ in said)
     place = MIXED_BACKGROUND_PLACES[1 + rng.integers(2)] if rng.random() < 0.7 else None
     case = CASES[rng.choice(len(CASES), p=CASE_WEIGHTS)]
-    return say_mixed(said, forms, scenes[0].background, place, case, period=rng.random() < 0.3)
+    return say_mixed(said, forms, scenes[0].background, place, case, period=rng.random() < 0.3, joined=joined)
 
 
-def sample_mixed_caption(rng: np.random.Generator) -> tuple[tuple[D.Scene, ...], str]:
+def sample_mixed_caption(rng: np.random.Generator, joined: bool = False) -> tuple[tuple[D.Scene, ...], str]:
     """(mixed scene of the image, its caption)."""
     scenes = D.sample_mixed_scene(rng)
-    return scenes, mixed_caption(scenes, rng)
+    return scenes, mixed_caption(scenes, rng, joined=joined)
 
 
 def template_of(caption: str) -> str:
@@ -235,7 +248,8 @@ def template_of(caption: str) -> str:
 
 
 def training_templates() -> set[str]:
-    """Every template the training samplers (one-kind and mixed captions) can produce (enumerated, not sampled)."""
+    """Every template the training samplers (one-kind and mixed captions, either joiner) can produce (enumerated,
+    not sampled)."""
     out = set()
     for count, position in D.LAYOUTS:
         for bg in (None, "white"):
@@ -248,10 +262,10 @@ def training_templates() -> set[str]:
                         if form == "digit" and order.startswith("B"):
                             continue
                         out.add(template_of(say(scene, order, form)))
-    for colour, forms, place in itertools.product(("red", None), itertools.product(ONE_FORMS, repeat=2),
-                                                  MIXED_BACKGROUND_PLACES):
+    for colour, forms, place, joined in itertools.product(("red", None), itertools.product(ONE_FORMS, repeat=2),
+                                                          MIXED_BACKGROUND_PLACES, (False, True)):
         said = (D.Scene(colour, "circle", 1, "left", None), D.Scene(colour, "square", 1, "right", None))
-        out.add(template_of(say_mixed(said, forms, "white", place)))
+        out.add(template_of(say_mixed(said, forms, "white", place, joined=joined)))
     return out
 
 

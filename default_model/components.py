@@ -45,7 +45,7 @@ PUNCTUATION = (",", ".")  # natural captions' punctuation: tokens of their own, 
 
 
 def _words(grammar: str) -> list[str]:
-    return vocabulary(grammar) + [s + "s" for s in SHAPES] + (list(PUNCTUATION) if grammar == "natural" else [])
+    return vocabulary(grammar) + [s + "s" for s in SHAPES] + (list(PUNCTUATION) if grammar != "fixed" else [])
 
 
 def clip_tokenizer(grammar: str = "fixed") -> CLIPTokenizer:
@@ -62,7 +62,7 @@ def case_forms(word: str) -> list[str]:
 def t5_tokenizer(grammar: str = "fixed") -> T5TokenizerFast:
     """Unigram tokenizer: one piece per caption word; plural 's' is its own piece. The natural grammar adds
     every word's Capitalised and UPPER forms (`extend_text_encoders` gives them the lower-case word's
-    embedding, so case changes nothing) and the punctuation pieces."""
+    embedding, so case changes nothing) and the punctuation pieces; the joined grammar adds "and" likewise."""
     pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
     if grammar == "fixed":  # the first release's pieces, ids unchanged
         pieces += [("\u2581" + w, -1.0) for w in vocabulary()] + [("s", -2.0), ("\u2581", -5.0)]

@@ -27,8 +27,12 @@ Each run does what is not done yet, in order:
             pairs, dataset.sample_mixed_scene, captioned by captions.mixed_caption; their latents cached
             beside the others as mixed-{size}.pt, --mixed-images), so a colour word binds to its own shape;
             batches of a size --mixed-images leaves out are all one kind.
-  save      (with --save DIR) the EMA transformer as a FluxPipeline folder with the natural tokenizers,
-            the extended text encoders and vocabulary.json
+  grammar   (with --grammar G, once) moves the checkpoint to caption grammar G (stored in it; "natural"
+            when absent): the text encoders extended again from its grammar's tokenizers to G's, as at the
+            start (extend_text_encoders: every caption of the old grammar reads exactly as before). Under
+            "joined" the mixed captions say "and" between their two shapes (captions.say_mixed).
+  save      (with --save DIR) the EMA transformer as a FluxPipeline folder with the checkpoint grammar's
+            tokenizers, the extended text encoders and vocabulary.json
 
 CHECKPOINT holds what a later session needs and can be committed (~40 MB: model, EMA, Adam moments,
 text encoders, VAE); the latent cache is rebuilt from seeds when missing.
@@ -50,7 +54,7 @@ from . import components as C
 from . import dataset as D
 from .train import encode_captions, log, rectified_flow_loss, to_tensor
 
-GRAMMAR = "natural"
+GRAMMAR = "natural"  # of a new checkpoint, and of one without a "grammar" entry (made before there were two)
 DEFAULT_IMAGES = "256:6000,320:1500,384:1500,448:1500,512:3000"  # size:count of the latent cache
 DEFAULT_MIXED_IMAGES = "256:2000,320:500,384:500,448:500,512:1000"  # the mixed scenes' cache (with --mixed)
 DEFAULT_SIZE_WEIGHTS = "256:0.4,320:0.1,384:0.1,448:0.1,512:0.3"  # share of steps per size (others: 0.1)
@@ -79,7 +83,7 @@ def batch_for(size: int, base: int = BASE_BATCH) -> int:
 # ---------------------------------------------------------------- start
 
 
-def start(init: Path, ckpt: Path, seed: int, plan_steps: int) -> None:
+def start(init: Path, ckpt: Path, seed: int, plan_steps: int, grammar: str = GRAMMAR) -> None:
     """CHECKPOINT from the init folder: frozen VAE and extended text encoders, the transformer at step 0."""
     from diffusers import AutoencoderKL, FluxTransformer2DModel
     from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
@@ -89,7 +93,7 @@ def start(init: Path, ckpt: Path, seed: int, plan_steps: int) -> None:
         init, subfolder="tokenizer_2")
     clip = CLIPTextModel.from_pretrained(init, subfolder="text_encoder")
     t5 = T5EncoderModel.from_pretrained(init, subfolder="text_encoder_2")
-    clip, t5 = C.extend_text_encoders(clip, t5, *old_tok, C.clip_tokenizer(GRAMMAR), C.t5_tokenizer(GRAMMAR),
+    clip, t5 = C.extend_text_encoders(clip, t5, *old_tok, C.clip_tokenizer(grammar), C.t5_tokenizer(grammar),
                                       seed=seed + 1)
     clip.save_pretrained(ckpt / "text_encoder")
     t5.save_pretrained(ckpt / "text_encoder_2")
@@ -98,8 +102,39 @@ def start(init: Path, ckpt: Path, seed: int, plan_steps: int) -> None:
     transformer.save_pretrained(ckpt / "transformer")  # the EMA weights, rewritten at every checkpoint
     weights = transformer.state_dict()
     torch.save({"model": weights, "ema": weights, "opt": None, "step": 0, "trained_s": 0.0,
-                "plan_steps": plan_steps, "init": str(init)}, ckpt / "state.pt")
+                "plan_steps": plan_steps, "init": str(init), "grammar": grammar}, ckpt / "state.pt")
     log(f"started {ckpt} from {init}")
+
+
+def grammar_of(ckpt: Path) -> str:
+    return torch.load(ckpt / "state.pt", map_location="cpu").get("grammar", GRAMMAR)
+
+
+def change_grammar(ckpt: Path, grammar: str, seed: int) -> None:
+    """Move CHECKPOINT to caption grammar `grammar`: its text encoders extended from the current grammar's
+    tokenizers to the new one's (the old words keep their rows, new words get new seeded rows), the grammar
+    stored in state.pt. Only to a grammar that keeps every word of the current one."""
+    from transformers import CLIPTextModel, T5EncoderModel
+
+    state = torch.load(ckpt / "state.pt")
+    old = state.get("grammar", GRAMMAR)
+    if old == grammar:
+        return
+    if not set(K.vocabulary(old)) <= set(K.vocabulary(grammar)):
+        raise SystemExit(f"--grammar {grammar}: the checkpoint was trained on {old!r}, whose words {grammar!r} "
+                         f"does not all have; a checkpoint can only gain words")
+    clip = CLIPTextModel.from_pretrained(ckpt / "text_encoder")
+    t5 = T5EncoderModel.from_pretrained(ckpt / "text_encoder_2")
+    clip, t5 = C.extend_text_encoders(clip, t5, C.clip_tokenizer(old), C.t5_tokenizer(old), C.clip_tokenizer(grammar),
+                                      C.t5_tokenizer(grammar), seed=seed + 2)
+    clip.save_pretrained(ckpt / "text_encoder")
+    t5.save_pretrained(ckpt / "text_encoder_2")
+    state["grammar"] = grammar
+    torch.save(state, ckpt / "state.pt.tmp")
+    (ckpt / "state.pt.tmp").replace(ckpt / "state.pt")
+    with open(ckpt / "steps.txt", "a") as f:
+        f.write(f"grammar {old} -> {grammar} at step {state['step']} (text encoders extended)\n")
+    log(f"checkpoint moved from grammar {old} to {grammar}")
 
 
 # ---------------------------------------------------------------- latents
@@ -233,7 +268,8 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     shift, scale = vae_config["shift_factor"], vae_config["scaling_factor"]  # as the init model was trained
     clip = CLIPTextModel.from_pretrained(ckpt / "text_encoder").eval()
     t5 = T5EncoderModel.from_pretrained(ckpt / "text_encoder_2").eval()
-    tokenizers = C.clip_tokenizer(GRAMMAR), C.t5_tokenizer(GRAMMAR)
+    grammar = state.get("grammar", GRAMMAR)
+    tokenizers = C.clip_tokenizer(grammar), C.t5_tokenizer(grammar)
     if no_pooled and not state.get("no_pooled"):  # folded once; later runs read it from the checkpoint
         empty = encode_captions(clip, tokenizers[0], t5, tokenizers[1], [""])[1].detach()  # [1, 64]
         drop_pooled_input(model, empty)
@@ -254,7 +290,7 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     log(f"training from step {step0} of {plan} ({trained0 / 60:.1f} min trained) for up to {budget / 60:.1f} min; "
         f"sizes {sizes}, step shares {[round(float(p), 3) for p in probs]}, "
         f"batches {[batch_for(s, base_batch) for s in sizes]}, fixed captions {fixed_share:g}, "
-        f"colourless {colourless:g}, centre prior {centre_prior}, mixed scenes {mixed:g} at {sorted(mixed_data)} px, pooled input {'dropped' if state.get('no_pooled') else 'used'}")
+        f"colourless {colourless:g}, centre prior {centre_prior}, grammar {grammar}, mixed scenes {mixed:g} at {sorted(mixed_data)} px, pooled input {'dropped' if state.get('no_pooled') else 'used'}")
 
     t0, step, avg, last_save, done_s = time.time(), 0, None, time.time(), 0.0  # done_s: training time, saves excluded
 
@@ -278,7 +314,8 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
         if n_mixed:
             idx_m = rng.integers(0, len(mixed_data[size]["scenes"]), size=n_mixed)
             z = torch.cat([z, mixed_data[size]["z"][torch.from_numpy(idx_m)]])  # [B, 4, s/8, s/8]
-            texts += ["" if rng.random() < drop else K.mixed_caption(mixed_data[size]["scenes"][i], rng, colourless)
+            texts += ["" if rng.random() < drop else K.mixed_caption(mixed_data[size]["scenes"][i], rng, colourless,
+                                                                     joined=grammar == "joined")
                       for i in idx_m]
         x0 = (z - shift) * scale
         seq, pooled = encode_captions(clip, tokenizers[0], t5, tokenizers[1], texts)  # [B, 32, 64], [B, 64]
@@ -316,20 +353,21 @@ def save_pipeline(ckpt: Path, out: Path) -> None:
     from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5EncoderModel
 
+    grammar = grammar_of(ckpt)
     pipe = FluxPipeline(
         scheduler=C.scheduler(),
         vae=AutoencoderKL.from_pretrained(ckpt / "vae"),
         text_encoder=CLIPTextModel.from_pretrained(ckpt / "text_encoder"),
-        tokenizer=C.clip_tokenizer(GRAMMAR),
+        tokenizer=C.clip_tokenizer(grammar),
         text_encoder_2=T5EncoderModel.from_pretrained(ckpt / "text_encoder_2"),
-        tokenizer_2=C.t5_tokenizer(GRAMMAR),
+        tokenizer_2=C.t5_tokenizer(grammar),
         transformer=FluxTransformer2DModel.from_pretrained(ckpt / "transformer"),
     )
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("tokenizer", "tokenizer_2"):  # save_pretrained adds files; old tokenizer files must not stay
         shutil.rmtree(out / stale, ignore_errors=True)
     pipe.save_pretrained(out)
-    K.write_vocabulary(out, GRAMMAR)
+    K.write_vocabulary(out, grammar)
     log(f"saved pipeline to {out}")
 
 
@@ -364,6 +402,9 @@ def main() -> None:
                     help="share of training images showing two shapes of different trained pairs (mixed scenes: "
                          "a colour word must bind to its own shape), captioned by captions.mixed_caption")
     ap.add_argument("--mixed-images", default=DEFAULT_MIXED_IMAGES, help="size:count,... of the mixed-scene cache (the sizes with mixed scenes)")
+    ap.add_argument("--grammar", choices=[g for g in K.GRAMMARS if g != "fixed"], default=None,
+                    help="move the checkpoint to this caption grammar before training (once; stored in it; "
+                         "default: the checkpoint's, natural for a new one); joined: mixed captions say \"and\"")
     ap.add_argument("--save", type=Path, default=None, help="write the pipeline folder here after training")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
@@ -373,7 +414,9 @@ def main() -> None:
     cache = args.cache or args.checkpoint.with_name(args.checkpoint.name + ".cache")
     t0 = time.time()
     if not (args.checkpoint / "state.pt").exists():
-        start(args.init_from, args.checkpoint, args.seed, args.plan_steps)
+        start(args.init_from, args.checkpoint, args.seed, args.plan_steps, args.grammar or GRAMMAR)
+    if args.grammar:
+        change_grammar(args.checkpoint, args.grammar, args.seed)
     make_latents(args.checkpoint, cache, images, args.seed)
     mixed_images = parse_images(args.mixed_images)
     if args.mixed > 0:

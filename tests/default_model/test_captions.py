@@ -52,22 +52,28 @@ def test_every_kind_of_variation_occurs(sampled):
     assert any(_norm(c) == _norm(s.caption) for s, c in sampled)  # the fixed caption is one of them
 
 
-@pytest.fixture(scope="module")
-def sampled_mixed():
+@pytest.fixture(scope="module", params=[False, True], ids=["natural", "joined"])
+def sampled_mixed(request):
     rng = np.random.default_rng(1)
-    return [K.sample_mixed_caption(rng) for _ in range(3000)]
+    return request.param, [K.sample_mixed_caption(rng, joined=request.param) for _ in range(3000)]
 
 
-def test_training_templates_are_what_the_samplers_draw(sampled, sampled_mixed):
-    assert {K.template_of(c) for _, c in sampled + sampled_mixed} == K.training_templates()
+def test_training_templates_are_what_the_samplers_draw(sampled):
+    rng = np.random.default_rng(1)
+    mixed = [K.sample_mixed_caption(rng, joined) for _ in range(3000) for joined in (False, True)]
+    assert {K.template_of(c) for _, c in sampled + mixed} == K.training_templates()
 
 
 def test_mixed_captions_say_each_shape_with_its_place_and_never_a_held_out_pair(sampled_mixed):
+    joined, sampled_mixed = sampled_mixed
     held_out = {_norm(p) for p in D.EVAL_PROMPTS + K.PARAPHRASED_PROMPTS}
     for scenes, caption in sampled_mixed:
         assert _norm(caption) not in held_out, caption
-        said = [D.parse_prompt(t) for t in caption.split(".") if t.strip()]  # one sentence per shape
-        assert len(said) == 2, caption
+        # natural: one sentence per shape; joined: one sentence, "and" between the shapes (and never a "." there)
+        parts = re.split(r"\band\b", caption, flags=re.I) if joined else caption.split(".")
+        said = [D.parse_prompt(t) for t in parts if t.strip(" .")]
+        assert len(said) == 2 and ("and" in caption.lower().split()) == joined, caption
+        assert not joined or "." not in caption[:-1], caption
         by_place = {s.position: s for s in scenes}
         for p in said:
             shown = by_place[p.position]
@@ -125,6 +131,32 @@ def test_natural_tokenizers_and_extended_encoders_read_old_captions_as_before_an
         assert all(bool((a == b).all()) for a, b in zip(before, after))
     for text in ("On a black background, 3 YELLOW triangles.", "an orange circle", "a single red circle"):
         assert "<unk>" not in new[1].convert_ids_to_tokens(new[1](text).input_ids)
+
+
+def test_the_joined_grammar_reads_every_natural_caption_as_before_and_and_as_one_new_token():
+    # A checkpoint moves from the natural grammar to the joined one (finetune.change_grammar) without
+    # any caption it trained on reading differently; "and" is one token of each tokenizer.
+    from transformers import CLIPTextModel, T5EncoderModel
+
+    from default_model import components as C
+    from default_model.train import encode_captions
+    from meshdit.default_model import weights_path
+
+    clip = CLIPTextModel.from_pretrained(weights_path(), subfolder="text_encoder")
+    t5 = T5EncoderModel.from_pretrained(weights_path(), subfolder="text_encoder_2")
+    natural = C.clip_tokenizer("natural"), C.t5_tokenizer("natural")
+    joined = C.clip_tokenizer("joined"), C.t5_tokenizer("joined")
+    assert clip.config.vocab_size == len(natural[0])  # the shipped encoders are the natural grammar's
+    clip2, t52 = C.extend_text_encoders(clip, t5, *natural, *joined)
+    rng = np.random.default_rng(5)
+    captions = [K.sample_training_caption(rng)[1] for _ in range(40)] + [K.sample_mixed_caption(rng)[1] for _ in range(20)]
+    before = encode_captions(clip, natural[0], t5, natural[1], captions)
+    after = encode_captions(clip2, joined[0], t52, joined[1], captions)
+    assert all(bool((a == b).all()) for a, b in zip(before, after))
+    for word in ("and", "And", "AND"):
+        assert len(joined[0](word, add_special_tokens=False).input_ids) == 1
+        assert joined[1].convert_ids_to_tokens(joined[1](word, add_special_tokens=False).input_ids) == ["\u2581" + word]
+    assert "and" in K.known_words("joined")["words"] and "and" not in K.known_words("natural")["words"]
 
 
 @pytest.mark.parametrize("prior", [None, 0.7])

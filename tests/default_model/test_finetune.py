@@ -113,6 +113,23 @@ def test_runs_resume_one_schedule_until_the_plan_is_spent_then_save(tmp_path, mo
     assert {size for size, _ in steps} == {256, 512}
     assert all(n == 0 for size, n in steps if size == 512) and sum(n for size, n in steps if size == 256) > 0
     assert " mixed 1 at [256] px " in (ckpt / "steps.txt").read_text()
+    # --grammar joined: the text encoders gain "and" once; then every mixed caption says it, and the saved folder
+    # has the joined grammar's tokenizers and vocabulary. A checkpoint cannot go back (it would lose a word).
+    assert F.grammar_of(ckpt) == "natural"
+    F.change_grammar(ckpt, "joined", seed=0)
+    assert F.grammar_of(ckpt) == "joined" and "grammar natural -> joined at step" in (ckpt / "steps.txt").read_text()
+    with pytest.raises(SystemExit, match="can only gain words"):
+        F.change_grammar(ckpt, "natural", seed=0)
+    said = []
+    monkeypatch.setattr(F.K, "mixed_caption", lambda *a, **k: said.append(real_caption(*a, **k)) or said[-1])
+    step = torch.load(ckpt / "state.pt")["step"]
+    assert F.train(ckpt, cache, images, minutes=10, replan=step + 3, mixed=1.0, mixed_images=images, drop=0.0, **run)
+    assert len(said) >= 6 and all("and" in c.lower().split() for c in said), said
     F.save_pipeline(ckpt, tmp_path / "out")
-    assert json.loads((tmp_path / "out" / "vocabulary.json").read_text())["grammar"] == "natural"
+    assert json.loads((tmp_path / "out" / "vocabulary.json").read_text())["grammar"] == "joined"
+    from transformers import AutoTokenizer, CLIPTextModel
+
+    saved = AutoTokenizer.from_pretrained(tmp_path / "out", subfolder="tokenizer")
+    assert CLIPTextModel.from_pretrained(tmp_path / "out", subfolder="text_encoder").config.vocab_size == len(saved)
+    assert len(saved("and", add_special_tokens=False).input_ids) == 1
     assert (tmp_path / "out" / "transformer" / "diffusion_pytorch_model.safetensors").exists()
