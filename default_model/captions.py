@@ -10,7 +10,9 @@ Three grammars:
            no colour word ("two squares": any colour), so the shape word alone must carry the shape.
            With a centre prior (position_drop) a caption without a position mostly shows a centred
            shape, so "a blue square" has one likely layout instead of five equal ones.
-  joined   the natural grammar and the word "and", which joins the two shapes of a mixed caption.
+  joined   the natural grammar and the word "and", which joins the two shapes of a mixed caption (and,
+           with finetune --mixed-uncounted, "yellow circle on the left and red square on the right": no
+           count word, so "a" / "one" before a shape always means an image of one shape).
   mixed    (training only, finetune --mixed) two single shapes of different trained pairs, each with its
            position: one sentence each under the natural grammar ("a yellow circle on the left. a red
            square on the right"), joined by "and" under the joined one ("a yellow circle on the left and
@@ -95,7 +97,9 @@ def write_vocabulary(folder, grammar: str) -> None:
 # ---------------------------------------------------------------- natural captions
 
 
-def _count_phrase(scene: D.Scene, form: str) -> str:
+def _count_phrase(scene: D.Scene, form: str | None) -> str:
+    if form is None:  # uncounted mixed captions: "yellow circle on the left and red square on the right"
+        return ""
     if scene.count > 1:
         return str(scene.count) if form == "digit" else D.COUNT_WORDS[scene.count]
     if form == "article":
@@ -202,24 +206,29 @@ def say_mixed(said: tuple[D.Scene, ...], forms: tuple[str, ...], background: str
 
 
 def mixed_caption(scenes: tuple[D.Scene, ...], rng: np.random.Generator, colourless: float = COLOURLESS_SHARE,
-                  joined: bool = False) -> str:
+                  joined: bool = False, counted: bool = True) -> str:
     """A natural caption of a mixed scene (dataset.sample_mixed_scene): every shape with its position, in
     either order, joined by "." or (`joined`, the joined grammar) by "and"; the background said 70 % of the
     time, first or last; both colour words left out `colourless` of the time; count forms, case and a final
-    period as natural_caption."""
+    period as natural_caption. Not `counted`: no count word before either shape, so a count word for one
+    ("a", "one", "a single", "1") is only ever said of an image with one shape."""
     order = list(scenes) if rng.random() < 0.5 else list(scenes)[::-1]
     colourless_now = rng.random() < colourless
     said = tuple(D.Scene(None if colourless_now else s.colour, s.shape, 1, s.position, None) for s in order)
     forms = tuple(ONE_FORMS[rng.integers(len(ONE_FORMS))] for _ in said)
+    if not counted and not joined:
+        raise ValueError("uncounted mixed captions need the joined grammar (\"circle on the left and square on the right\")")
+    forms = forms if counted else (None,) * len(said)
     place = MIXED_BACKGROUND_PLACES[1 + rng.integers(2)] if rng.random() < 0.7 else None
     case = CASES[rng.choice(len(CASES), p=CASE_WEIGHTS)]
     return say_mixed(said, forms, scenes[0].background, place, case, period=rng.random() < 0.3, joined=joined)
 
 
-def sample_mixed_caption(rng: np.random.Generator, joined: bool = False) -> tuple[tuple[D.Scene, ...], str]:
+def sample_mixed_caption(rng: np.random.Generator, joined: bool = False,
+                         counted: bool = True) -> tuple[tuple[D.Scene, ...], str]:
     """(mixed scene of the image, its caption)."""
     scenes = D.sample_mixed_scene(rng)
-    return scenes, mixed_caption(scenes, rng, joined=joined)
+    return scenes, mixed_caption(scenes, rng, joined=joined, counted=counted)
 
 
 def template_of(caption: str) -> str:
@@ -262,8 +271,11 @@ def training_templates() -> set[str]:
                         if form == "digit" and order.startswith("B"):
                             continue
                         out.add(template_of(say(scene, order, form)))
-    for colour, forms, place, joined in itertools.product(("red", None), itertools.product(ONE_FORMS, repeat=2),
-                                                          MIXED_BACKGROUND_PLACES, (False, True)):
+    mixed_forms = list(itertools.product(ONE_FORMS, repeat=2)) + [(None, None)]  # (None, None): uncounted
+    for colour, forms, place, joined in itertools.product(("red", None), mixed_forms, MIXED_BACKGROUND_PLACES,
+                                                          (False, True)):
+        if forms == (None, None) and not joined:  # uncounted captions are the joined grammar's only
+            continue
         said = (D.Scene(colour, "circle", 1, "left", None), D.Scene(colour, "square", 1, "right", None))
         out.add(template_of(say_mixed(said, forms, "white", place, joined=joined)))
     return out

@@ -229,12 +229,15 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
           ema_decay: float = 0.995, base_batch: int = BASE_BATCH, replan: int | None = None,
           size_weights: dict[int, float] | None = None, colourless: float = K.COLOURLESS_SHARE,
           restart: bool = False, centre_prior: float | None = None, no_pooled: bool = False,
-          mixed: float = 0.0, mixed_images: dict[int, int] | None = None) -> bool:
+          mixed: float = 0.0, mixed_images: dict[int, int] | None = None, mixed_counted: bool = True) -> bool:
     """Trains for `minutes` of wall time or what is left of the plan's steps; True once the plan is complete."""
     from diffusers import AutoencoderKL, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5EncoderModel
 
     state = torch.load(ckpt / "state.pt")
+    grammar = state.get("grammar", GRAMMAR)
+    if not mixed_counted and grammar != "joined":
+        raise SystemExit(f"--mixed-uncounted needs the joined grammar (--grammar joined); the checkpoint's is {grammar}")
     if replan is not None and replan != state["plan_steps"]:
         if replan <= state["step"]:
             raise SystemExit(f"--replan {replan}: the checkpoint is already at step {state['step']}")
@@ -268,7 +271,6 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     shift, scale = vae_config["shift_factor"], vae_config["scaling_factor"]  # as the init model was trained
     clip = CLIPTextModel.from_pretrained(ckpt / "text_encoder").eval()
     t5 = T5EncoderModel.from_pretrained(ckpt / "text_encoder_2").eval()
-    grammar = state.get("grammar", GRAMMAR)
     tokenizers = C.clip_tokenizer(grammar), C.t5_tokenizer(grammar)
     if no_pooled and not state.get("no_pooled"):  # folded once; later runs read it from the checkpoint
         empty = encode_captions(clip, tokenizers[0], t5, tokenizers[1], [""])[1].detach()  # [1, 64]
@@ -290,7 +292,7 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     log(f"training from step {step0} of {plan} ({trained0 / 60:.1f} min trained) for up to {budget / 60:.1f} min; "
         f"sizes {sizes}, step shares {[round(float(p), 3) for p in probs]}, "
         f"batches {[batch_for(s, base_batch) for s in sizes]}, fixed captions {fixed_share:g}, "
-        f"colourless {colourless:g}, centre prior {centre_prior}, grammar {grammar}, mixed scenes {mixed:g} at {sorted(mixed_data)} px, pooled input {'dropped' if state.get('no_pooled') else 'used'}")
+        f"colourless {colourless:g}, centre prior {centre_prior}, grammar {grammar}, mixed scenes {mixed:g} at {sorted(mixed_data)} px{'' if mixed_counted else ' (uncounted)'}, pooled input {'dropped' if state.get('no_pooled') else 'used'}")
 
     t0, step, avg, last_save, done_s = time.time(), 0, None, time.time(), 0.0  # done_s: training time, saves excluded
 
@@ -315,7 +317,7 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
             idx_m = rng.integers(0, len(mixed_data[size]["scenes"]), size=n_mixed)
             z = torch.cat([z, mixed_data[size]["z"][torch.from_numpy(idx_m)]])  # [B, 4, s/8, s/8]
             texts += ["" if rng.random() < drop else K.mixed_caption(mixed_data[size]["scenes"][i], rng, colourless,
-                                                                     joined=grammar == "joined")
+                                                                     joined=grammar == "joined", counted=mixed_counted)
                       for i in idx_m]
         x0 = (z - shift) * scale
         seq, pooled = encode_captions(clip, tokenizers[0], t5, tokenizers[1], texts)  # [B, 32, 64], [B, 64]
@@ -342,7 +344,7 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
     with open(ckpt / "steps.txt", "a") as f:
         f.write(f"steps {step0}-{step0 + step} {done_s:.0f}s loss {avg:.5f} peak lr {lr:g} colourless "
                 f"{colourless:g} fixed {fixed_share:g} centre prior {centre_prior}"
-                f"{f' mixed {mixed:g} at {sorted(mixed_data)} px' if mixed else ''}{' no pooled' if state.get('no_pooled') else ''} (sizes {dict(zip(sizes, [round(float(p), 3) for p in probs]))})\n")
+                f"{f' mixed {mixed:g} at {sorted(mixed_data)} px' if mixed else ''}{'' if mixed_counted else ' uncounted'}{' no pooled' if state.get('no_pooled') else ''} (sizes {dict(zip(sizes, [round(float(p), 3) for p in probs]))})\n")
     return step0 + step >= plan
 
 
@@ -401,6 +403,9 @@ def main() -> None:
     ap.add_argument("--mixed", type=float, default=0.0,
                     help="share of training images showing two shapes of different trained pairs (mixed scenes: "
                          "a colour word must bind to its own shape), captioned by captions.mixed_caption")
+    ap.add_argument("--mixed-uncounted", action="store_true",
+                    help="mixed captions say no count word before their shapes (joined grammar: \"yellow circle on "
+                         "the left and red square on the right\"), so a count word for one always means one shape")
     ap.add_argument("--mixed-images", default=DEFAULT_MIXED_IMAGES, help="size:count,... of the mixed-scene cache (the sizes with mixed scenes)")
     ap.add_argument("--grammar", choices=[g for g in K.GRAMMARS if g != "fixed"], default=None,
                     help="move the checkpoint to this caption grammar before training (once; stored in it; "
@@ -425,7 +430,8 @@ def main() -> None:
         train(args.checkpoint, cache, images, args.minutes, args.seed, args.lr, args.fixed_share, args.save_every,
               replan=args.replan, size_weights=parse_size_weights(args.size_weights),
               colourless=args.colourless, restart=args.restart, centre_prior=args.centre_prior,
-              no_pooled=args.no_pooled, mixed=args.mixed, mixed_images=mixed_images)
+              no_pooled=args.no_pooled, mixed=args.mixed, mixed_images=mixed_images,
+              mixed_counted=not args.mixed_uncounted)
     if args.save:
         save_pipeline(args.checkpoint, args.save)
     log(f"total {time.time() - t0:.0f}s")

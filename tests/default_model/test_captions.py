@@ -52,20 +52,24 @@ def test_every_kind_of_variation_occurs(sampled):
     assert any(_norm(c) == _norm(s.caption) for s, c in sampled)  # the fixed caption is one of them
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["natural", "joined"])
+MIXED_KINDS = {"natural": (False, True), "joined": (True, True), "joined-uncounted": (True, False)}  # (joined, counted)
+
+
+@pytest.fixture(scope="module", params=list(MIXED_KINDS))
 def sampled_mixed(request):
     rng = np.random.default_rng(1)
-    return request.param, [K.sample_mixed_caption(rng, joined=request.param) for _ in range(3000)]
+    joined, counted = MIXED_KINDS[request.param]
+    return joined, counted, [K.sample_mixed_caption(rng, joined, counted) for _ in range(3000)]
 
 
 def test_training_templates_are_what_the_samplers_draw(sampled):
     rng = np.random.default_rng(1)
-    mixed = [K.sample_mixed_caption(rng, joined) for _ in range(3000) for joined in (False, True)]
+    mixed = [K.sample_mixed_caption(rng, *kind) for _ in range(3000) for kind in MIXED_KINDS.values()]
     assert {K.template_of(c) for _, c in sampled + mixed} == K.training_templates()
 
 
 def test_mixed_captions_say_each_shape_with_its_place_and_never_a_held_out_pair(sampled_mixed):
-    joined, sampled_mixed = sampled_mixed
+    joined, counted, sampled_mixed = sampled_mixed
     held_out = {_norm(p) for p in D.EVAL_PROMPTS + K.PARAPHRASED_PROMPTS}
     for scenes, caption in sampled_mixed:
         assert _norm(caption) not in held_out, caption
@@ -74,6 +78,10 @@ def test_mixed_captions_say_each_shape_with_its_place_and_never_a_held_out_pair(
         said = [D.parse_prompt(t) for t in parts if t.strip(" .")]
         assert len(said) == 2 and ("and" in caption.lower().split()) == joined, caption
         assert not joined or "." not in caption[:-1], caption
+        # uncounted: no count word before a shape ("a" is then only the background phrase's)
+        said_words = D.prompt_words(re.sub(r"on a \w+ background", "", caption, flags=re.I))
+        assert counted or not {"a", "an", "one", "single", "1"} & set(said_words), caption
+        assert not counted or sum(w in ("a", "an", "one", "1") for w in said_words) == 2, caption
         by_place = {s.position: s for s in scenes}
         for p in said:
             shown = by_place[p.position]

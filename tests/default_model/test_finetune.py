@@ -116,6 +116,8 @@ def test_runs_resume_one_schedule_until_the_plan_is_spent_then_save(tmp_path, mo
     # --grammar joined: the text encoders gain "and" once; then every mixed caption says it, and the saved folder
     # has the joined grammar's tokenizers and vocabulary. A checkpoint cannot go back (it would lose a word).
     assert F.grammar_of(ckpt) == "natural"
+    with pytest.raises(SystemExit, match="needs the joined grammar"):
+        F.train(ckpt, cache, images, minutes=10, mixed=1.0, mixed_images=images, mixed_counted=False, **run)
     F.change_grammar(ckpt, "joined", seed=0)
     assert F.grammar_of(ckpt) == "joined" and "grammar natural -> joined at step" in (ckpt / "steps.txt").read_text()
     with pytest.raises(SystemExit, match="can only gain words"):
@@ -123,8 +125,9 @@ def test_runs_resume_one_schedule_until_the_plan_is_spent_then_save(tmp_path, mo
     said = []
     monkeypatch.setattr(F.K, "mixed_caption", lambda *a, **k: said.append(real_caption(*a, **k)) or said[-1])
     step = torch.load(ckpt / "state.pt")["step"]
-    assert F.train(ckpt, cache, images, minutes=10, replan=step + 3, mixed=1.0, mixed_images=images, drop=0.0, **run)
-    assert len(said) >= 6 and all("and" in c.lower().split() for c in said), said
+    assert F.train(ckpt, cache, images, minutes=10, replan=step + 3, mixed=1.0, mixed_images=images, drop=0.0,
+                   mixed_counted=False, **run)  # --mixed-uncounted: "red circle on the left and blue square on the right"
+    assert len(said) >= 6 and all("and" in c.lower().split() and "one" not in c.lower().split() for c in said), said
     F.save_pipeline(ckpt, tmp_path / "out")
     assert json.loads((tmp_path / "out" / "vocabulary.json").read_text())["grammar"] == "joined"
     from transformers import AutoTokenizer, CLIPTextModel
