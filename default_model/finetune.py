@@ -6,9 +6,15 @@ resumable across sessions.
         --save meshdit/default_model/weights
 
 Each run does what is not done yet, in order:
-  start     (once) the init folder's transformer, VAE and text encoders; natural-grammar tokenizers, the
+  start     (once) the init folder's transformer, VAE and text encoders; the tokenizers of --grammar (natural), the
             text encoders extended to them (components.extend_text_encoders: old captions read exactly as
             before, case ignored); written to CHECKPOINT with a fresh optimizer at step 0
+  grammar   (with --grammar G, once) moves the checkpoint to caption grammar G (stored in it; "natural"
+            when absent): the text encoders extended again from its grammar's tokenizers to G's, as at the
+            start (extend_text_encoders: every caption of the old grammar reads exactly as before). Under
+            "joined" the mixed captions say "and" between their two shapes (captions.say_mixed), and with
+            --mixed-uncounted no count word before either ("red circle on the left and blue square on the
+            right"). Both tried from step 55,959 at 30 % mixed scenes and not kept (model card).
   latents   (once per size, cached in --cache, not committed: deterministic, rebuilt in minutes) images of
             training scenes at every size of --images, encoded by the frozen VAE (posterior mean)
   train     --minutes of training, resumed from CHECKPOINT/state.pt: every step draws one size, a batch of
@@ -27,10 +33,6 @@ Each run does what is not done yet, in order:
             pairs, dataset.sample_mixed_scene, captioned by captions.mixed_caption; their latents cached
             beside the others as mixed-{size}.pt, --mixed-images), so a colour word binds to its own shape;
             batches of a size --mixed-images leaves out are all one kind.
-  grammar   (with --grammar G, once) moves the checkpoint to caption grammar G (stored in it; "natural"
-            when absent): the text encoders extended again from its grammar's tokenizers to G's, as at the
-            start (extend_text_encoders: every caption of the old grammar reads exactly as before). Under
-            "joined" the mixed captions say "and" between their two shapes (captions.say_mixed).
   save      (with --save DIR) the EMA transformer as a FluxPipeline folder with the checkpoint grammar's
             tokenizers, the extended text encoders and vocabulary.json
 
