@@ -16,7 +16,8 @@ Three grammars:
   mixed    (training only, finetune --mixed) two single shapes of different trained pairs, each with its
            position: one sentence each under the natural grammar ("a yellow circle on the left. a red
            square on the right"), joined by "and" under the joined one ("a yellow circle on the left and
-           a red square on the right"), so that no one-shape caption reads like half of a mixed one.
+           a red square on the right"), so that no one-shape caption reads like half of a mixed one
+           (tried, not kept: the model card's "The wording of the mixed captions").
 
 A caption's *template* (`template_of`) is what stays when the colour, shape and background words are
 taken out and case and punctuation dropped: the phrase order and the count form. (The model still
@@ -187,8 +188,9 @@ def sample_training_caption(rng: np.random.Generator) -> tuple[D.Scene, str]:
 # left. a blue square on the right"), or last. Under the natural grammar the two shapes are two sentences
 # joined by "." (a comma would teach "on the left, a blue square", the paraphrase set's position-first
 # order); then a one-shape caption ("a blue square on the right") is word for word the second half of a
-# mixed one, and a model trained on many mixed scenes draws a second shape for it. The joined grammar says
-# "and" between them instead, a word no one-shape caption has.
+# mixed one. The joined grammar says "and" between them instead, a word no one-shape caption has (and, not
+# counted, drops the count words too). Tried at 30 % mixed scenes: neither stops one shape at a side being
+# drawn as two at 512 px, which the two-shape images themselves teach (model card).
 MIXED_BACKGROUND_PLACES = (None, "first", "last")
 
 
@@ -212,12 +214,12 @@ def mixed_caption(scenes: tuple[D.Scene, ...], rng: np.random.Generator, colourl
     time, first or last; both colour words left out `colourless` of the time; count forms, case and a final
     period as natural_caption. Not `counted`: no count word before either shape, so a count word for one
     ("a", "one", "a single", "1") is only ever said of an image with one shape."""
+    if not counted and not joined:
+        raise ValueError("uncounted mixed captions need the joined grammar (\"circle on the left and square on the right\")")
     order = list(scenes) if rng.random() < 0.5 else list(scenes)[::-1]
     colourless_now = rng.random() < colourless
     said = tuple(D.Scene(None if colourless_now else s.colour, s.shape, 1, s.position, None) for s in order)
     forms = tuple(ONE_FORMS[rng.integers(len(ONE_FORMS))] for _ in said)
-    if not counted and not joined:
-        raise ValueError("uncounted mixed captions need the joined grammar (\"circle on the left and square on the right\")")
     forms = forms if counted else (None,) * len(said)
     place = MIXED_BACKGROUND_PLACES[1 + rng.integers(2)] if rng.random() < 0.7 else None
     case = CASES[rng.choice(len(CASES), p=CASE_WEIGHTS)]

@@ -56,7 +56,7 @@ from . import components as C
 from . import dataset as D
 from .train import encode_captions, log, rectified_flow_loss, to_tensor
 
-GRAMMAR = "natural"  # of a new checkpoint, and of one without a "grammar" entry (made before there were two)
+GRAMMAR = "natural"  # of a new checkpoint, and of one without a "grammar" entry (made before there were several)
 DEFAULT_IMAGES = "256:6000,320:1500,384:1500,448:1500,512:3000"  # size:count of the latent cache
 DEFAULT_MIXED_IMAGES = "256:2000,320:500,384:500,448:500,512:1000"  # the mixed scenes' cache (with --mixed)
 DEFAULT_SIZE_WEIGHTS = "256:0.4,320:0.1,384:0.1,448:0.1,512:0.3"  # share of steps per size (others: 0.1)

@@ -165,6 +165,8 @@ def test_the_joined_grammar_reads_every_natural_caption_as_before_and_and_as_one
         assert len(joined[0](word, add_special_tokens=False).input_ids) == 1
         assert joined[1].convert_ids_to_tokens(joined[1](word, add_special_tokens=False).input_ids) == ["\u2581" + word]
     assert "and" in K.known_words("joined")["words"] and "and" not in K.known_words("natural")["words"]
+    with pytest.raises(ValueError, match="need the joined grammar"):  # "circle on the left. square on the right"
+        K.sample_mixed_caption(rng, joined=False, counted=False)
 
 
 @pytest.mark.parametrize("prior", [None, 0.7])
