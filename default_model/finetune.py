@@ -219,6 +219,15 @@ def drop_pooled_input(transformer, pooled_empty: torch.Tensor) -> None:
     linear.weight.requires_grad_(False)
 
 
+def check_mixed_options(images: dict[int, int], mixed: float, mixed_images: dict[int, int] | None,
+                        mixed_counted: bool, grammar: str) -> None:
+    """Refuse mixed-scene options that cannot work, before any latent is made or loaded."""
+    if not mixed_counted and grammar != "joined":
+        raise SystemExit(f"--mixed-uncounted needs the joined grammar (--grammar joined); the checkpoint's is {grammar}")
+    if mixed > 0 and not set(mixed_images) <= set(images):
+        raise SystemExit(f"--mixed-images sizes {sorted(mixed_images)} must be among the --images sizes {sorted(images)}")
+
+
 def learning_rate(step: int, peak: float, plan: int, cycle_start: int = 0) -> float:
     """The rate at optimizer step `step`: one cosine from `cycle_start` (100 warmup steps) to zero at `plan`."""
     frac = (step - cycle_start) / (plan - cycle_start)
@@ -238,8 +247,7 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
 
     state = torch.load(ckpt / "state.pt")
     grammar = state.get("grammar", GRAMMAR)
-    if not mixed_counted and grammar != "joined":
-        raise SystemExit(f"--mixed-uncounted needs the joined grammar (--grammar joined); the checkpoint's is {grammar}")
+    check_mixed_options(images, mixed, mixed_images, mixed_counted, grammar)
     if replan is not None and replan != state["plan_steps"]:
         if replan <= state["step"]:
             raise SystemExit(f"--replan {replan}: the checkpoint is already at step {state['step']}")
@@ -283,8 +291,6 @@ def train(ckpt: Path, cache: Path, images: dict[int, int], minutes: float, seed:
             f.write(f"pooled CLIP input folded into the bias and zeroed at step {step0}\n")
     if state.get("no_pooled"):  # a resumed run freezes the zero weight again (requires_grad is not saved)
         model.time_text_embed.text_embedder.linear_1.weight.requires_grad_(False)
-    if mixed > 0 and not set(mixed_images) <= set(images):
-        raise SystemExit(f"--mixed-images sizes {sorted(mixed_images)} must be among the --images sizes {sorted(images)}")
     data = load_latents(cache, images)
     mixed_data = load_latents(cache, mixed_images, mixed=True) if mixed > 0 else {}
     sizes = sorted(data)
@@ -419,13 +425,16 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     images = parse_images(args.images)
     cache = args.cache or args.checkpoint.with_name(args.checkpoint.name + ".cache")
+    mixed_images = parse_images(args.mixed_images)
     t0 = time.time()
-    if not (args.checkpoint / "state.pt").exists():
-        start(args.init_from, args.checkpoint, args.seed, args.plan_steps, args.grammar or GRAMMAR)
+    new = not (args.checkpoint / "state.pt").exists()
+    grammar = args.grammar or (GRAMMAR if new else grammar_of(args.checkpoint))
+    check_mixed_options(images, args.mixed, mixed_images, not args.mixed_uncounted, grammar)  # before hours of work
+    if new:
+        start(args.init_from, args.checkpoint, args.seed, args.plan_steps, grammar)
     if args.grammar:
         change_grammar(args.checkpoint, args.grammar, args.seed)
     make_latents(args.checkpoint, cache, images, args.seed)
-    mixed_images = parse_images(args.mixed_images)
     if args.mixed > 0:
         make_latents(args.checkpoint, cache, mixed_images, args.seed, mixed=True)
     if args.minutes > 0:

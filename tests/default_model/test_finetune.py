@@ -118,6 +118,15 @@ def test_runs_resume_one_schedule_until_the_plan_is_spent_then_save(tmp_path, mo
     assert F.grammar_of(ckpt) == "natural"
     with pytest.raises(SystemExit, match="needs the joined grammar"):
         F.train(ckpt, cache, images, minutes=10, mixed=1.0, mixed_images=images, mixed_counted=False, **run)
+    # The command refuses bad mixed-scene options before it makes any latent (a cache takes minutes to build).
+    monkeypatch.setattr(F, "make_latents", lambda *a, **k: pytest.fail("latents made before the options were checked"))
+    for argv, refusal in ((["--mixed", "0.3", "--mixed-uncounted"], "needs the joined grammar"),
+                          (["--mixed", "0.3", "--mixed-images", "320:4"], "must be among the --images sizes")):
+        monkeypatch.setattr("sys.argv", ["finetune", "--checkpoint", str(ckpt), "--cache", str(cache),
+                                         "--images", "256:4,512:2", *argv])
+        with pytest.raises(SystemExit, match=refusal):
+            F.main()
+    monkeypatch.undo()
     F.change_grammar(ckpt, "joined", seed=0)
     assert F.grammar_of(ckpt) == "joined" and "grammar natural -> joined at step" in (ckpt / "steps.txt").read_text()
     with pytest.raises(SystemExit, match="can only gain words"):
