@@ -172,6 +172,49 @@ def transformer(latent_channels: int = 4, hidden: int = 128, heads: int = 4, dou
     )
 
 
+
+@torch.no_grad()
+def deepen_transformer(model: FluxTransformer2DModel, double: int, single: int) -> FluxTransformer2DModel:
+    """The same function with `double` more double-stream and `single` more single-stream blocks.
+
+    Each new block is a copy of one of the last blocks of its kind (appended in order after them, so
+    [d0 d1] + 1 double -> [d0 d1 d1'], [s0 s1 s2 s3] + 2 single -> [s0 s1 s2 s3 s2' s3']) with the rows of its
+    adaLN linear that make the residual gates zeroed: gate = 0 adds nothing to the residual stream, so the
+    deeper model's output equals the old one's exactly, and training starts from the old function with
+    trained features in the new blocks (a zero gate still gets gradients). A way to add capacity to a
+    trained model without training it again from nothing.
+    """
+    config = dict(model.config)
+    old_double, old_single = config["num_layers"], config["num_single_layers"]
+    if not (0 <= double <= old_double and 0 <= single <= old_single):
+        raise ValueError(f"can copy at most the {old_double} double and {old_single} single blocks there are: "
+                         f"asked for {double} and {single}")
+    config.update(num_layers=old_double + double, num_single_layers=old_single + single)
+    deeper = FluxTransformer2DModel.from_config(config)
+    weights = model.state_dict()
+    copies = {"transformer_blocks": list(range(old_double)) + list(range(old_double - double, old_double)),
+              "single_transformer_blocks": list(range(old_single)) + list(range(old_single - single, old_single))}
+    mapped = {}
+    for name in deeper.state_dict():
+        kind, _, rest = name.partition(".")
+        if kind in copies:
+            index, _, param = rest.partition(".")
+            name_from = f"{kind}.{copies[kind][int(index)]}.{param}"
+        else:
+            name_from = name
+        mapped[name] = weights[name_from].clone()
+    deeper.load_state_dict(mapped)
+    hidden = deeper.inner_dim
+    for block in deeper.transformer_blocks[old_double:]:
+        for norm in (block.norm1, block.norm1_context):  # chunks: shift, scale, gate (attention), shift, scale, gate (MLP)
+            for gate in (2, 5):
+                norm.linear.weight[gate * hidden:(gate + 1) * hidden] = 0
+                norm.linear.bias[gate * hidden:(gate + 1) * hidden] = 0
+    for block in deeper.single_transformer_blocks[old_single:]:  # chunks: shift, scale, gate
+        block.norm.linear.weight[2 * hidden:] = 0
+        block.norm.linear.bias[2 * hidden:] = 0
+    return deeper
+
 def scheduler() -> FlowMatchEulerDiscreteScheduler:
     # Same settings as FLUX.1: dynamic shift mu = f(image tokens) (0.5 at 256 tokens).
     return FlowMatchEulerDiscreteScheduler(

@@ -15,6 +15,10 @@ Each run does what is not done yet, in order:
             "joined" the mixed captions say "and" between their two shapes (captions.say_mixed), and with
             --mixed-uncounted no count word before either ("red circle on the left and blue square on the
             right"). Both tried from step 55,959 at 30 % mixed scenes and not kept (model card).
+  blocks    (with --blocks D,S, once) grows the transformer to D double- and S single-stream blocks
+            (components.deepen_transformer: copies of the last blocks with their residual gates zeroed, so the
+            same function; model and EMA; the optimizer starts afresh): capacity without training anew.
+            3,6 tried from step 55,959 and not kept (model card: better at 512 px, worse on the paraphrases)
   latents   (once per size, cached in --cache, not committed: deterministic, rebuilt in minutes) images of
             training scenes at every size of --images, encoded by the frozen VAE (posterior mean)
   train     --minutes of training, resumed from CHECKPOINT/state.pt: every step draws one size, a batch of
@@ -138,6 +142,43 @@ def change_grammar(ckpt: Path, grammar: str, seed: int) -> None:
         f.write(f"grammar {old} -> {grammar} at step {state['step']} (text encoders extended)\n")
     log(f"checkpoint moved from grammar {old} to {grammar}")
 
+
+
+def parse_blocks(text: str) -> tuple[int, int]:
+    try:
+        double, single = (int(n) for n in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--blocks takes DOUBLE,SINGLE (block counts, e.g. 3,6): {text!r}") from None
+    return double, single
+
+
+def deepen(ckpt: Path, double: int, single: int) -> None:
+    """Grow CHECKPOINT's transformer (model and EMA) to `double` double-stream and `single` single-stream blocks
+    (components.deepen_transformer: copies of the last blocks with zero gates, the same function); a checkpoint
+    already that deep is left alone, so a resumed run may repeat the option. The optimizer starts afresh (its
+    moments are per parameter); run it with --replan and --restart so the rate warms up again."""
+    from diffusers import FluxTransformer2DModel
+
+    state = torch.load(ckpt / "state.pt")
+    config = FluxTransformer2DModel.load_config(ckpt / "transformer")
+    have = config["num_layers"], config["num_single_layers"]
+    if have == (double, single):
+        return
+    if double < have[0] or single < have[1]:
+        raise SystemExit(f"--blocks {double},{single}: the checkpoint has {have[0]},{have[1]}; blocks can only be added")
+    grown = {}
+    for part in ("model", "ema"):
+        model = FluxTransformer2DModel.from_config(config)
+        model.load_state_dict(state[part])
+        grown[part] = C.deepen_transformer(model, double - have[0], single - have[1])
+    grown["ema"].save_pretrained(ckpt / "transformer")
+    state.update(model=grown["model"].state_dict(), ema=grown["ema"].state_dict(), opt=None)
+    torch.save(state, ckpt / "state.pt.tmp")
+    (ckpt / "state.pt.tmp").replace(ckpt / "state.pt")
+    with open(ckpt / "steps.txt", "a") as f:
+        f.write(f"blocks {have[0]},{have[1]} -> {double},{single} at step {state['step']} (copies with zero gates; "
+                f"optimizer reset)\n")
+    log(f"transformer deepened from {have[0]},{have[1]} to {double},{single} blocks")
 
 # ---------------------------------------------------------------- latents
 
@@ -418,6 +459,8 @@ def main() -> None:
     ap.add_argument("--grammar", choices=[g for g in K.GRAMMARS if g != "fixed"], default=None,
                     help="move the checkpoint to this caption grammar before training (once; stored in it; "
                          "default: the checkpoint's, natural for a new one); joined: mixed captions say \"and\"")
+    ap.add_argument("--blocks", default=None, help="DOUBLE,SINGLE: grow the transformer to this many double- and "
+                    "single-stream blocks before training (deepen: the same function; once, a repeat does nothing)")
     ap.add_argument("--save", type=Path, default=None, help="write the pipeline folder here after training")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
@@ -430,10 +473,13 @@ def main() -> None:
     new = not (args.checkpoint / "state.pt").exists()
     grammar = args.grammar or (GRAMMAR if new else grammar_of(args.checkpoint))
     check_mixed_options(images, args.mixed, mixed_images, not args.mixed_uncounted, grammar)  # before hours of work
+    blocks = parse_blocks(args.blocks) if args.blocks else None
     if new:
         start(args.init_from, args.checkpoint, args.seed, args.plan_steps, grammar)
     if args.grammar:
         change_grammar(args.checkpoint, args.grammar, args.seed)
+    if blocks:
+        deepen(args.checkpoint, *blocks)
     make_latents(args.checkpoint, cache, images, args.seed)
     if args.mixed > 0:
         make_latents(args.checkpoint, cache, mixed_images, args.seed, mixed=True)

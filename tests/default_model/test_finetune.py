@@ -52,6 +52,48 @@ def test_dropping_the_pooled_input_answers_every_prompt_as_the_empty_one():
     assert torch.equal(velocity(other), velocity(empty))  # and now does not
 
 
+
+def test_deepening_adds_blocks_that_change_nothing_until_trained(tmp_path):
+    from diffusers import FluxTransformer2DModel
+
+    from default_model import components as C
+
+    torch.set_num_threads(1)
+    ckpt = tmp_path / "ckpt"
+    F.start(weights_path(), ckpt, seed=0, plan_steps=100)
+    F.deepen(ckpt, 3, 6)
+    F.deepen(ckpt, 3, 6)  # a resumed run repeating the option changes nothing
+    assert (ckpt / "steps.txt").read_text().count("blocks 2,4 -> 3,6") == 1
+    state = torch.load(ckpt / "state.pt")
+    assert state["opt"] is None
+    old = FluxTransformer2DModel.from_pretrained(weights_path(), subfolder="transformer").eval()
+    new = FluxTransformer2DModel.from_pretrained(ckpt / "transformer").eval()  # the EMA, as --save writes it
+    assert (new.config.num_layers, new.config.num_single_layers) == (3, 6)
+    trained = FluxTransformer2DModel.from_config(new.config)
+    trained.load_state_dict(state["model"])
+    gen = torch.Generator().manual_seed(0)
+    x, text, pooled = torch.randn(2, 64, 16, generator=gen), torch.randn(2, 8, 64, generator=gen), torch.randn(2, 64, generator=gen)
+    img_ids = torch.stack([torch.zeros(64), torch.arange(64) // 8, torch.arange(64) % 8], 1)  # [64, 3]: 8x8 grid
+
+    def velocity(model):
+        with torch.no_grad():
+            return model(hidden_states=x, encoder_hidden_states=text, pooled_projections=pooled,
+                         timestep=torch.tensor([0.8, 0.3]), img_ids=img_ids, txt_ids=torch.zeros(8, 3)).sample
+
+    assert torch.equal(velocity(new), velocity(old))  # zero gates: exactly the old function
+    assert torch.equal(velocity(trained.eval()), velocity(old))
+    # the copies are real blocks: ungated they change the output
+    gate_rows = slice(2 * new.inner_dim, 3 * new.inner_dim)
+    with torch.no_grad():
+        new.single_transformer_blocks[5].norm.linear.bias[gate_rows] = 1.0
+    assert not torch.allclose(velocity(new), velocity(old))
+    with pytest.raises(SystemExit, match="can only be added"):
+        F.deepen(ckpt, 2, 6)
+    with pytest.raises(ValueError, match="at most"):
+        C.deepen_transformer(old, 3, 0)
+    with pytest.raises(SystemExit, match="DOUBLE,SINGLE"):
+        F.parse_blocks("3")
+
 def test_runs_resume_one_schedule_until_the_plan_is_spent_then_save(tmp_path, monkeypatch):
     torch.set_num_threads(1)
     ckpt, cache, images = tmp_path / "ckpt", tmp_path / "cache", {256: 4, 512: 2}
