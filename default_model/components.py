@@ -172,7 +172,6 @@ def transformer(latent_channels: int = 4, hidden: int = 128, heads: int = 4, dou
     )
 
 
-
 @torch.no_grad()
 def deepen_transformer(model: FluxTransformer2DModel, double: int, single: int) -> FluxTransformer2DModel:
     """The same function with `double` more double-stream and `single` more single-stream blocks.
@@ -214,6 +213,7 @@ def deepen_transformer(model: FluxTransformer2DModel, double: int, single: int) 
         block.norm.linear.weight[2 * hidden:] = 0
         block.norm.linear.bias[2 * hidden:] = 0
     return deeper
+
 
 def scheduler() -> FlowMatchEulerDiscreteScheduler:
     # Same settings as FLUX.1: dynamic shift mu = f(image tokens) (0.5 at 256 tokens).

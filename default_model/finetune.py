@@ -18,7 +18,7 @@ Each run does what is not done yet, in order:
   blocks    (with --blocks D,S, once) grows the transformer to D double- and S single-stream blocks
             (components.deepen_transformer: copies of the last blocks with their residual gates zeroed, so the
             same function; model and EMA; the optimizer starts afresh): capacity without training anew.
-            3,6 tried from step 55,959 and not kept (model card: better at 512 px, worse on the paraphrases)
+            3,6 tried from step 55,959: at peak lr 2e-4 not kept, at 5e-5 the candidate to ship (model card)
   latents   (once per size, cached in --cache, not committed: deterministic, rebuilt in minutes) images of
             training scenes at every size of --images, encoded by the frozen VAE (posterior mean)
   train     --minutes of training, resumed from CHECKPOINT/state.pt: every step draws one size, a batch of
@@ -143,7 +143,6 @@ def change_grammar(ckpt: Path, grammar: str, seed: int) -> None:
     log(f"checkpoint moved from grammar {old} to {grammar}")
 
 
-
 def parse_blocks(text: str) -> tuple[int, int]:
     try:
         double, single = (int(n) for n in text.split(","))
@@ -179,6 +178,7 @@ def deepen(ckpt: Path, double: int, single: int) -> None:
         f.write(f"blocks {have[0]},{have[1]} -> {double},{single} at step {state['step']} (copies with zero gates; "
                 f"optimizer reset)\n")
     log(f"transformer deepened from {have[0]},{have[1]} to {double},{single} blocks")
+
 
 # ---------------------------------------------------------------- latents
 

@@ -52,7 +52,6 @@ def test_dropping_the_pooled_input_answers_every_prompt_as_the_empty_one():
     assert torch.equal(velocity(other), velocity(empty))  # and now does not
 
 
-
 def test_deepening_adds_blocks_that_change_nothing_until_trained(tmp_path):
     from diffusers import FluxTransformer2DModel
 
@@ -93,6 +92,7 @@ def test_deepening_adds_blocks_that_change_nothing_until_trained(tmp_path):
         C.deepen_transformer(old, 3, 0)
     with pytest.raises(SystemExit, match="DOUBLE,SINGLE"):
         F.parse_blocks("3")
+
 
 def test_runs_resume_one_schedule_until_the_plan_is_spent_then_save(tmp_path, monkeypatch):
     torch.set_num_threads(1)
