@@ -158,13 +158,13 @@ def deepen(ckpt: Path, double: int, single: int) -> None:
     moments are per parameter); run it with --replan and --restart so the rate warms up again."""
     from diffusers import FluxTransformer2DModel
 
-    state = torch.load(ckpt / "state.pt")
     config = FluxTransformer2DModel.load_config(ckpt / "transformer")
     have = config["num_layers"], config["num_single_layers"]
-    if have == (double, single):
+    if have == (double, single):  # decided from the config alone: a resumed run does not load the state twice
         return
     if double < have[0] or single < have[1]:
         raise SystemExit(f"--blocks {double},{single}: the checkpoint has {have[0]},{have[1]}; blocks can only be added")
+    state = torch.load(ckpt / "state.pt")
     grown = {}
     for part in ("model", "ema"):
         model = FluxTransformer2DModel.from_config(config)
