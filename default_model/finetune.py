@@ -18,7 +18,7 @@ Each run does what is not done yet, in order:
   blocks    (with --blocks D,S, once) grows the transformer to D double- and S single-stream blocks
             (components.deepen_transformer: copies of the last blocks with their residual gates zeroed, so the
             same function; model and EMA; the optimizer starts afresh): capacity without training anew.
-            3,6 tried from step 55,959: at peak lr 2e-4 not kept, at 5e-5 the candidate to ship (model card)
+            3,6 tried from step 55,959: at peak lr 2e-4 not kept, at 5e-5 shipped (step 57,960; model card)
   latents   (once per size, cached in --cache, not committed: deterministic, rebuilt in minutes) images of
             training scenes at every size of --images, encoded by the frozen VAE (posterior mean)
   train     --minutes of training, resumed from CHECKPOINT/state.pt: every step draws one size, a batch of

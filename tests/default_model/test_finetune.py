@@ -60,14 +60,16 @@ def test_deepening_adds_blocks_that_change_nothing_until_trained(tmp_path):
     torch.set_num_threads(1)
     ckpt = tmp_path / "ckpt"
     F.start(weights_path(), ckpt, seed=0, plan_steps=100)
-    F.deepen(ckpt, 3, 6)
-    F.deepen(ckpt, 3, 6)  # a resumed run repeating the option changes nothing
-    assert (ckpt / "steps.txt").read_text().count("blocks 2,4 -> 3,6") == 1
+    old = FluxTransformer2DModel.from_pretrained(weights_path(), subfolder="transformer").eval()
+    double, single = old.config.num_layers, old.config.num_single_layers  # the shipped 3 + 6
+    F.deepen(ckpt, double + 1, single + 2)
+    F.deepen(ckpt, double + 1, single + 2)  # a resumed run repeating the option changes nothing
+    grown = f"blocks {double},{single} -> {double + 1},{single + 2}"
+    assert (ckpt / "steps.txt").read_text().count(grown) == 1
     state = torch.load(ckpt / "state.pt")
     assert state["opt"] is None
-    old = FluxTransformer2DModel.from_pretrained(weights_path(), subfolder="transformer").eval()
     new = FluxTransformer2DModel.from_pretrained(ckpt / "transformer").eval()  # the EMA, as --save writes it
-    assert (new.config.num_layers, new.config.num_single_layers) == (3, 6)
+    assert (new.config.num_layers, new.config.num_single_layers) == (double + 1, single + 2)
     trained = FluxTransformer2DModel.from_config(new.config)
     trained.load_state_dict(state["model"])
     gen = torch.Generator().manual_seed(0)
@@ -84,12 +86,12 @@ def test_deepening_adds_blocks_that_change_nothing_until_trained(tmp_path):
     # the copies are real blocks: ungated they change the output
     gate_rows = slice(2 * new.inner_dim, 3 * new.inner_dim)
     with torch.no_grad():
-        new.single_transformer_blocks[5].norm.linear.bias[gate_rows] = 1.0
+        new.single_transformer_blocks[-1].norm.linear.bias[gate_rows] = 1.0
     assert not torch.allclose(velocity(new), velocity(old))
     with pytest.raises(SystemExit, match="can only be added"):
-        F.deepen(ckpt, 2, 6)
+        F.deepen(ckpt, double, single + 2)
     with pytest.raises(ValueError, match="at most"):
-        C.deepen_transformer(old, 3, 0)
+        C.deepen_transformer(old, double + 1, 0)
     with pytest.raises(SystemExit, match="DOUBLE,SINGLE"):
         F.parse_blocks("3")
 

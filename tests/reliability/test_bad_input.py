@@ -65,7 +65,7 @@ BAD_INPUTS = {
                                         "this FluxPipeline model is guidance-distilled"),
     "cfg-on-flux2": (["--model", "{tmp}/flux2", "--use-cfg-parallel"], "this Flux2Pipeline model is guidance-distilled"),
     "ulysses-above-heads": (["--ulysses-degree", "8"], "exceeds the model's 4 attention heads"),
-    "stages-above-blocks": (["--pipefusion-parallel-degree", "7"], "needs a block per stage, but the model has 6"),
+    "stages-above-blocks": (["--pipefusion-parallel-degree", "10"], "needs a block per stage, but the model has 9"),
     "data-parallel-above-images": (["--data-parallel-degree", "2"], "needs at least as many images"),
     "patches-above-token-rows": (["--pipefusion-parallel-degree", "2", "--num-pipeline-patch", "17"],
                                  "--num-pipeline-patch 17 exceeds the 16 rows of image tokens"),
