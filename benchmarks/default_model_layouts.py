@@ -28,7 +28,7 @@ LAYOUTS = {
 }
 # Only with --layouts: more warmup steps, where one is not enough (512 px)
 MORE_WARMUP = {f"pipefusion {pp}, {n} warmup steps": dict(pipefusion_parallel_degree=pp, warmup_steps=n)
-               for pp, n in ((2, 2), (2, 3), (2, 5), (2, 19), (4, 3))}
+               for pp, n in ((2, 2), (2, 3), (2, 5), (2, 19), (4, 3), (4, 5))}
 
 
 def generate_all(degrees: dict, prompts: list[str], seed: int, fp8_kwargs: dict | None = None, size: int | None = None):
