@@ -2,6 +2,8 @@
 image, or a few images that end up different?
 
     python -m benchmarks.default_model_pipefusion [--size 512] [--every 7] [--patches 2 4 8] [--warmup-steps 1]
+    python -m benchmarks.default_model_pipefusion --prompt "two green squares on a white background" --patches 2
+        (one prompt of your own instead, seed 0: the figure `meshdit generate --help` quotes)
 
 Serial images first, then PipeFusion 2 with each patch count on a pool of 2 gloo ranks; prints the PSNR of
 each prompt's image against serial (seed i for the i-th prompt taken, the model's defaults otherwise) and
@@ -25,8 +27,9 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=7, help="every k-th held-out prompt (7: one per layout)")
     parser.add_argument("--patches", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--warmup-steps", type=int, default=1)
+    parser.add_argument("--prompt", default=None, help="this prompt alone instead of the held-out ones")
     args = parser.parse_args()
-    prompts = list(dataset.EVAL_PROMPTS[:: args.every])
+    prompts = [args.prompt] if args.prompt else list(dataset.EVAL_PROMPTS[:: args.every])
     serial, _ = generate_all({}, prompts, 0, size=args.size)
 
     def scored(images):
