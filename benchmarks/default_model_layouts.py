@@ -29,6 +29,10 @@ LAYOUTS = {
 # Only with --layouts: more warmup steps, where one is not enough (512 px)
 MORE_WARMUP = {f"pipefusion {pp}, {n} warmup steps": dict(pipefusion_parallel_degree=pp, warmup_steps=n)
                for pp, n in ((2, 2), (2, 3), (2, 5), (2, 19), (4, 3), (4, 5))}
+# ... and each PipeFusion layout with stale K/V as published (--no-kv-drift-correction)
+MORE_WARMUP |= {f"{name}, no drift correction": dict(degrees, kv_drift_correction=False)
+                for name, degrees in (LAYOUTS | MORE_WARMUP).items()
+                if "pipefusion" in name and "full warmup" not in name}
 
 
 def generate_all(degrees: dict, prompts: list[str], seed: int, fp8_kwargs: dict | None = None, size: int | None = None):

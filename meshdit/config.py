@@ -183,6 +183,11 @@ class GenerateRequest:
     num_pipeline_patch: int | None = flagged(
         None, flag="num-pipeline-patch", type=int, metavar="M",
         help="PipeFusion: patches along the image height (default: the PipeFusion degree)")
+    kv_drift_correction: bool = flagged(
+        True, flag="no-kv-drift-correction", action="store_true", cli_default=False, to_field=lambda off: not off,
+        help="PipeFusion: attend to the later patches' stale values as last computed, as published, instead of "
+             "shifted by the mean change this step's fresh patch measured in its own (default: shifted; "
+             "README, \"PipeFusion's error\")")
     num_frames: int | None = flagged(
         None, flag="num-frames", type=int, metavar="F",
         help="video models: frames per video, >= 1; the VAE may need a particular count (Wan: 4k + 1) "
@@ -199,6 +204,10 @@ class GenerateRequest:
     @property
     def prompts(self) -> list[str]:
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+    def pipefusion_settings(self, config: ParallelConfig) -> tuple:
+        """What PipeFusion does differently per request: requests in one batch must share it."""
+        return self.warmup_steps, self.patches(config), self.kv_drift_correction
 
     def patches(self, config: ParallelConfig) -> int:
         """PipeFusion's patches on this layout: --num-pipeline-patch, else one per stage."""
@@ -242,6 +251,8 @@ class GenerateRequest:
         for flag, value in (("--warmup-steps", self.warmup_steps), ("--num-pipeline-patch", self.num_pipeline_patch)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}: use {flag} 1 or more.")
+        if not isinstance(self.kv_drift_correction, bool):
+            raise ConfigError(f"kv_drift_correction must be True or False, got {self.kv_drift_correction!r}.")
 
 
 def _check_int(flag: str, value, low: int, high: int | None, hint: str, allow_none: bool = True) -> None:

@@ -91,8 +91,9 @@ class Engine:
         self._warn_unknown_words([p for r in requests for p in r.prompts])
         # The data-parallel split needs enough images in the whole batch, not in each request.
         total = sum(len(r.prompts) * r.num_images_per_prompt for r in requests)
-        if len({(r.warmup_steps, r.patches(self.mesh.config)) for r in requests}) > 1:
-            raise ConfigError("requests in one batch must share PipeFusion's --warmup-steps and --num-pipeline-patch")
+        if len({r.pipefusion_settings(self.mesh.config) for r in requests}) > 1:
+            raise ConfigError("requests in one batch must share PipeFusion's --warmup-steps, --num-pipeline-patch "
+                              "and --no-kv-drift-correction")
         if len(requests) > 1 and self.info.draws_noise_each_step:
             raise ConfigError(f"this model's {self.info.scheduler_class} draws noise from each request's generator in "
                               "every step, so requests cannot share a batch: generate them one at a time")

@@ -159,8 +159,8 @@ def test_help_gives_every_flag_a_help_text_with_its_default(capsys):
 GENERATE_FLAGS = """--attention-backend --attention_backend --data-parallel-degree --data_parallel_degree --dtype --fp8-comm
 --fp8-comm-k --fp8-gemm --fp8_comm --fp8_comm_k --fp8_gemm --guidance-scale --guidance_scale --height
 --max-sequence-length --max_sequence_length --memory-efficient-load --memory_efficient_load
---memory_efficient_replicated_load --model --negative-prompt --negative_prompt --no-memory-efficient-load
---no-memory_efficient_load --no-memory_efficient_replicated_load --num-images-per-prompt --num-inference-steps
+--memory_efficient_replicated_load --model --negative-prompt --negative_prompt --no-kv-drift-correction
+--no_kv_drift_correction --no-memory-efficient-load --no-memory_efficient_load --no-memory_efficient_replicated_load --num-images-per-prompt --num-inference-steps
 --num-pipeline-patch --num_images_per_prompt --num_inference_steps --num_pipeline_patch --output
 --pipefusion-parallel-degree --pipefusion_parallel_degree --prompt --prompt-file --prompt_file --ring-degree
 --ring_degree --seed --steps --text-encoder-device --text_encoder_device --ulysses-degree --ulysses_degree
@@ -169,6 +169,7 @@ GENERATE_FLAGS = """--attention-backend --attention_backend --data-parallel-degr
 --vae_tile_overlap --vae_tile_width --verbose --warmup-steps --warmup_steps --width""".split()
 SERVE_FLAGS = """--api-key --data-parallel-degree --data_parallel_degree --dtype --guidance-scale --guidance_scale --height
 --host --max-batch-images --max-images --max-queue --max-sequence-length --max_sequence_length --model --no-batching
+--no-kv-drift-correction --no_kv_drift_correction
 --num-inference-steps --num-pipeline-patch --num_inference_steps --num_pipeline_patch --pipefusion-parallel-degree
 --pipefusion_parallel_degree --port --queue-timeout --request-timeout --ring-degree --ring_degree --steps
 --ulysses-degree --ulysses_degree --use-cfg-parallel --use-parallel-vae --use_cfg_parallel --use_parallel_vae
@@ -208,6 +209,9 @@ def test_flags_are_built_from_the_settings_fields():
     assert settings_from_args(ParallelConfig, args).cfg_degree == 2
     assert settings_from_args(VaeDecodeSettings, args).tile_width == 512
     assert settings_from_args(GenerateRequest, args, prompt=["a"]).num_inference_steps == 3
+    assert settings_from_args(GenerateRequest, args, prompt=["a"]).kv_drift_correction  # on unless turned off
+    args = parser.parse_args(["--no_kv_drift_correction"])
+    assert not settings_from_args(GenerateRequest, args, prompt=["a"]).kv_drift_correction
 
 
 def test_several_prompts_per_flag_and_abbreviations_of_a_flag_and_its_alias():

@@ -6,6 +6,8 @@ earlier patches, the previous step for later ones). With sequence parallelism in
 a stage the same Ulysses-in / Ulysses-out arithmetic as usp_attention applies
 (usp.UspLayout); across the ring the patch's fresh K/V are gathered instead of
 passed around, since every SP rank keeps the whole stale K/V.
+The later patches' values are shifted by the mean change the patch measured in its own since the last
+step (_shift_stale_values; off with --no-kv-drift-correction).
 With `--fp8-stale-kv` the buffers are held in FP8 (quant/kv_buffer.py): a forward
 decodes them, overwrites its own tokens with their fresh values and attends; only
 what later forwards read goes through FP8.
@@ -30,6 +32,8 @@ class StaleKV:
         self._branch: str | None = None
         self.buffers: dict = {}  # (layer, branch) -> (K, V): [B, H/U, all streams' tokens, D] (tensors, or
         # Fp8KVBuffers of that shape), streams in order
+        self.drift_correction = True
+        """Whether the stale values are shifted by the drift the fresh patch measured (_shift_stale_values)."""
         self.keep = True
         """Whether whole-image forwards keep their K/V: only when a patch step will read them (the loop
         says), so warmup steps before the last one, and a run that is all warmup, hold no buffers."""
@@ -82,6 +86,7 @@ class StaleKV:
             starts[s], total = total, total + state.full_lens[s]
         shape = (*k.shape[:2], total, k.shape[-1])
         held = self.buffers.get(key) if store else None
+        fresh_buffers = held is None  # nothing computed before: no drift to measure
         if held is None:
             if self.fp8_format is not None and store:
                 held = self.buffers[key] = (Fp8KVBuffer.zeros(k, total, self.fp8_format),
@@ -96,6 +101,10 @@ class StaleKV:
         else:
             buf_k, buf_v = held
         patch = state.patch
+        image_start = starts[state.PATCHED_STREAM]
+        # the patch's values as last computed (the buffer keeps the patch's tokens together, in SP rank order)
+        last_values = (buf_v.narrow(2, image_start + patch[0], patch[1] - patch[0]).clone()
+                       if self.drift_correction and not whole and not fresh_buffers else None)
         offset = 0
         for rank in range(state.sp_size):
             for s in streams:
@@ -108,6 +117,8 @@ class StaleKV:
                     held[0].write(at, k.narrow(2, offset, n))
                     held[1].write(at, v.narrow(2, offset, n))
                 offset += n
+        if last_values is not None:
+            _shift_stale_values(buf_v, last_values, image_start, patch, state.full_lens[state.PATCHED_STREAM])
         return buf_k, buf_v
 
     def _hold(self, t: torch.Tensor):
@@ -117,6 +128,28 @@ class StaleKV:
     def held_bytes(self) -> int:
         """Bytes the buffers hold now (K and V of every layer and branch)."""
         return sum(t.nbytes for pair in self.buffers.values() for t in pair)
+
+
+def _shift_stale_values(values: torch.Tensor, last: torch.Tensor, image_start: int, patch: tuple[int, int],
+                        image_len: int) -> None:
+    """Adds to the values of the later patches (still the last step's) the mean change the patch's own
+    values saw since that step.
+
+    values: [B, H, tokens, D], the patch's slice already fresh; last: [B, H, patch tokens, D], its values
+    before. Part of what changes from step to step is shared by every token (the timestep's modulation
+    shift, the image's overall drift), and a patch that has just been computed measures it. Values carry
+    no position, so the mean change applies to any token; keys are rotated by position (RoPE) and
+    RMS-normalised, so a mean key change means nothing for other positions and keys are left as they are.
+    The earlier patches of this step are fresh and left alone. A working-dtype buffer is shifted in place,
+    so the next patch measures its change against shifted values: either way (FP8 buffers shift only this
+    forward's decoded copy) the later patches hold their last values plus the latest patch's drift, until
+    their own turn overwrites them.
+    """
+    first, end = patch  # image tokens
+    if end == image_len:  # the last patch: nothing stale after it
+        return
+    drift = (values.narrow(2, image_start + first, end - first) - last).mean(2, keepdim=True)  # [B, H, 1, D]
+    values.narrow(2, image_start + end, image_len - end).add_(drift)
 
 
 def _own(t: torch.Tensor) -> torch.Tensor:

@@ -21,13 +21,14 @@ from .recipe import DenoiseState, Recipe
 
 def pipefusion_denoise(recipe: Recipe, state: DenoiseState, pipefusion, sequence_state,
                        cfg_group, warmup_steps: int, num_patches: int,
-                       show_progress: bool = False, on_step=None) -> torch.Tensor:
-    """Returns the final latents on every stage.
+                       show_progress: bool = False, on_step=None, kv_drift_correction: bool = True) -> torch.Tensor:
+    """Returns the final latents on every stage. kv_drift_correction: see StaleKV.drift_correction.
 
     NOTE: every rank of the pp axis runs this with the same state; the last stages
     of a CFG pair join one all_gather per patch; all stages join the final broadcast.
     """
     pipefusion.stale_kv.reset()
+    pipefusion.stale_kv.drift_correction = kv_drift_correction
     try:
         return _patch_pipeline(recipe, state, pipefusion, sequence_state, cfg_group, warmup_steps, num_patches,
                                show_progress, on_step)

@@ -32,12 +32,13 @@ class Parallelized:
 
     def denoise(self, recipe, state, request, show_progress: bool = False, on_step=None) -> torch.Tensor:
         """The final latents of this rank's share. NOTE: every rank of the mesh calls it with its share.
-        `request` gives PipeFusion's run-time settings (warmup steps, patches)."""
+        `request` gives PipeFusion's run-time settings (warmup steps, patches, drift correction)."""
         cfg_group = self.mesh.group("cfg")
         if self.pipefusion is None:
             return denoise(recipe, state, cfg_group, show_progress, on_step)
         return pipefusion_denoise(recipe, state, self.pipefusion, self.sequence_state, cfg_group,
-                                  request.warmup_steps, request.patches(self.mesh.config), show_progress, on_step)
+                                  request.warmup_steps, request.patches(self.mesh.config), show_progress, on_step,
+                                  kv_drift_correction=request.kv_drift_correction)
 
     def decode(self, vae, vae_input, settings, device, **vae_kwargs) -> torch.Tensor:
         """The decoded images [B, 3, H, W] (videos [B, 3, F, H, W]) on every rank of the image group (ranks that

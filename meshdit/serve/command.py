@@ -11,9 +11,9 @@ from ..flag_spec import flag_specs
 from ..vae.settings import VaeDecodeSettings
 
 # generate's flags that serve shares: model, every layout and VAE flag, and the request defaults (PipeFusion's
-# warmup steps and patches are server-wide: every request gets them)
+# warmup steps, patches and drift correction are server-wide: every request gets them)
 SHARED = ("model", "dtype", "verbose", "height", "width", "steps", "guidance_scale", "max_sequence_length",
-          "warmup_steps", "num_pipeline_patch") + tuple(
+          "warmup_steps", "num_pipeline_patch", "no_kv_drift_correction") + tuple(
     spec.dest for settings in (ParallelConfig, VaeDecodeSettings) for _, spec in flag_specs(settings))
 
 
@@ -54,7 +54,8 @@ def serve_command(args) -> int:
         raise ConfigError(f"meshdit serve answers image requests; this {info.pipeline_class} makes videos: "
                           "use `meshdit generate --output clip.mp4` for it.")
     height, width = args.height or info.default_size[0], args.width or info.default_size[1]
-    pipefusion = dict(warmup_steps=args.warmup_steps, num_pipeline_patch=args.num_pipeline_patch)
+    pipefusion = dict(warmup_steps=args.warmup_steps, num_pipeline_patch=args.num_pipeline_patch,
+                      kv_drift_correction=not args.no_kv_drift_correction)
     every_request = GenerateRequest(prompt="-", **pipefusion)  # what the server gives each request
     every_request.validate()
     info.check(config, height, width, args.guidance_scale, max(config.data_parallel_degree, 1),

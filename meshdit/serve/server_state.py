@@ -30,6 +30,7 @@ class ServeSettings:
     max_sequence_length: int | None
     warmup_steps: int = 1  # PipeFusion's, for every request
     num_pipeline_patch: int | None = None
+    kv_drift_correction: bool = True
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
@@ -110,7 +111,8 @@ class ServerState:
         request = GenerateRequest(prompt=body.prompt, negative_prompt=body.negative_prompt, height=height,
                                   width=width, num_inference_steps=steps, guidance_scale=scale, seed=body.seed,
                                   num_images_per_prompt=body.n, warmup_steps=s.warmup_steps,
-                                  num_pipeline_patch=s.num_pipeline_patch, extra=extra)
+                                  num_pipeline_patch=s.num_pipeline_patch,
+                                  kv_drift_correction=s.kv_drift_correction, extra=extra)
         try:
             self.info.check(s.config, height, width, scale, body.n, request.patches(s.config))
         except ConfigError as exc:

@@ -5,8 +5,10 @@ from meshdit.cli import build_parser, main
 
 
 def test_serve_shares_generate_model_and_layout_flags():
-    args = build_parser().parse_args(["serve", "--ulysses_degree", "2", "--steps", "4", "--no-batching"])
+    args = build_parser().parse_args(["serve", "--ulysses_degree", "2", "--steps", "4", "--no-batching",
+                                      "--no-kv-drift-correction"])
     assert (args.ulysses_degree, args.steps, args.no_batching, args.port) == (2, 4, True, 8000)
+    assert args.no_kv_drift_correction
 
 
 def test_refusals_name_the_flag(capsys):

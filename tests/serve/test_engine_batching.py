@@ -35,6 +35,18 @@ def test_a_stop_asked_by_one_rank_stops_every_rank_at_that_step_under_pipefusion
     np.testing.assert_array_equal(results[0][2], results[1][2])
 
 
+def test_requests_with_other_pipefusion_settings_never_share_a_batch():
+    from meshdit.errors import ConfigError
+
+    engine = engine_jobs.engine_for({})
+    try:
+        for other in (dict(warmup_steps=2), dict(num_pipeline_patch=3), dict(kv_drift_correction=False)):
+            with pytest.raises(ConfigError, match="must share PipeFusion's"):
+                engine.generate_many([engine_jobs.request(1), engine_jobs.request(2, **other)])
+    finally:
+        engine.close()
+
+
 def test_requests_of_a_noise_drawing_scheduler_never_share_a_batch():
     """HunyuanDiT's DDPM step draws from each request's generator: a batch would hand the later requests the
     first one's generator (other images than alone), so the engine refuses it and the server never forms it."""
