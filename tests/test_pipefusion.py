@@ -109,6 +109,7 @@ def test_stale_values_shift_by_the_mean_change_of_the_fresh_patch():
     drift = (before[:, :, 5:8] - last).mean(2, keepdim=True)  # [1, 2, 1, 4]
     assert torch.equal(values[:, :, :8], before[:, :, :8])
     assert torch.allclose(values[:, :, 8:], before[:, :, 8:] + drift)
+    # the last patch (StaleKV does not call it there): no later tokens, so nothing moves, the patch included
     _shift_stale_values(values, values[:, :, 9:].clone() - 1, image_start=2, patch=(7, 10), image_len=10)
     assert torch.equal(values[:, :, 8:], (before[:, :, 8:] + drift))
 

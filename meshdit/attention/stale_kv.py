@@ -101,10 +101,11 @@ class StaleKV:
         else:
             buf_k, buf_v = held
         patch = state.patch
-        image_start = starts[state.PATCHED_STREAM]
-        # the patch's values as last computed (the buffer keeps the patch's tokens together, in SP rank order)
-        last_values = (buf_v.narrow(2, image_start + patch[0], patch[1] - patch[0]).clone()
-                       if self.drift_correction and not whole and not fresh_buffers else None)
+        image_start, image_len = starts[state.PATCHED_STREAM], state.full_lens[state.PATCHED_STREAM]
+        # the patch's values as last computed (the buffer keeps the patch's tokens together, in SP rank order),
+        # where later patches are stale: not for the last patch
+        shifts = self.drift_correction and not whole and not fresh_buffers and patch[1] < image_len
+        last_values = buf_v.narrow(2, image_start + patch[0], patch[1] - patch[0]).clone() if shifts else None
         offset = 0
         for rank in range(state.sp_size):
             for s in streams:
@@ -118,7 +119,7 @@ class StaleKV:
                     held[1].write(at, v.narrow(2, offset, n))
                 offset += n
         if last_values is not None:
-            _shift_stale_values(buf_v, last_values, image_start, patch, state.full_lens[state.PATCHED_STREAM])
+            _shift_stale_values(buf_v, last_values, image_start, patch, image_len)
         return buf_k, buf_v
 
     def _hold(self, t: torch.Tensor):
@@ -146,8 +147,6 @@ def _shift_stale_values(values: torch.Tensor, last: torch.Tensor, image_start: i
     their own turn overwrites them.
     """
     first, end = patch  # image tokens
-    if end == image_len:  # the last patch: nothing stale after it
-        return
     drift = (values.narrow(2, image_start + first, end - first) - last).mean(2, keepdim=True)  # [B, H, 1, D]
     values.narrow(2, image_start + end, image_len - end).add_(drift)
 
