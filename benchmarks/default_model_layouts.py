@@ -1,11 +1,15 @@
 """Scores the bundled default model's held-out prompts under several layouts (issue: same score under
 every exact layout; PipeFusion with one warmup step loses at most 2 points).
 
-    python -m benchmarks.default_model_layouts [--limit N] [--size 512] [--layouts "ulysses 2;pipefusion 2, 1 warmup step"]
+    python -m benchmarks.default_model_layouts [--limit N] [--seed S ...] [--size 512]
+        [--layouts "ulysses 2;pipefusion 2, 1 warmup step"]
         [--out FILE]   (default benchmarks/results/default_model_layouts[_SIZE].md)
 
-Every layout generates each evaluation prompt with seed (seed + index), like
-`python -m default_model.evaluate`, through meshdit's Engine on a pool of gloo ranks.
+Every layout generates each evaluation prompt with seed (S + index), like
+`python -m default_model.evaluate`, through meshdit's Engine on a pool of gloo ranks. One 56-prompt set
+moves by a prompt or two either way under an approximate layout, so several seeds (`--seed 0 1000 2000`, as
+evaluate pools them) score every set and the pooled score, and the table counts the prompts whose verdict
+changed against serial (lost / gained).
 """
 from __future__ import annotations
 
@@ -74,7 +78,8 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, default=None, help="only the first N evaluation prompts")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, nargs="+", default=[0],
+                        help="seed of the first prompt; several: every layout scores each seed set and their pooled score")
     parser.add_argument("--size", type=int, default=None, help="height and width (default: the model's 256)")
     parser.add_argument("--layouts", default=None,
                         help=f"';'-separated subset of: {'; '.join(LAYOUTS | MORE_WARMUP)} (serial always runs first)")
@@ -89,37 +94,50 @@ def main() -> None:
     unknown = [n for n in names if n not in choices]
     if unknown:
         raise SystemExit(f"unknown layouts {unknown}; choose from: {'; '.join(choices)}")
-    rows, serial = [], None
+    rows, serial_images, serial_verdicts = [], None, None
     try:
         for name in names:
             degrees = choices[name]
             world = split_layout(degrees)[0].world_size
-            if world == 1:
-                images, seconds = generate_all(degrees, prompts, args.seed, size=args.size)
-            else:
-                images, seconds = get_pool(world).run(generate_all, degrees, prompts, args.seed, None, args.size,
-                                                      timeout=3600)[0]
-            score = 100.0 * sum(score_image(img, p) for img, p in zip(images, prompts)) / len(prompts)
-            serial = images if serial is None else serial
-            diff = float(np.abs(images - serial).max())
-            mse = float(((images - serial) ** 2).mean())
+            runs = []  # per seed set: (images [N, H, W, 3], seconds)
+            for seed in args.seed:
+                if world == 1:
+                    runs.append(generate_all(degrees, prompts, seed, size=args.size))
+                else:
+                    runs.append(get_pool(world).run(generate_all, degrees, prompts, seed, None, args.size,
+                                                    timeout=3600)[0])
+            images = np.concatenate([r[0] for r in runs])  # [seed sets x prompts, H, W, 3]
+            seconds = sum(r[1] for r in runs) / len(images)
+            verdicts = np.array([score_image(img, p) for img, p in zip(images, prompts * len(args.seed))], dtype=bool)
+            if serial_images is None:
+                serial_images, serial_verdicts = images, verdicts
+            per_set = [100.0 * v.mean() for v in np.split(verdicts, len(args.seed))]
+            lost, gained = int((serial_verdicts & ~verdicts).sum()), int((verdicts & ~serial_verdicts).sum())
+            diff = float(np.abs(images - serial_images).max())
+            mse = float(((images - serial_images) ** 2).mean())
             psnr = float("inf") if mse == 0 else 10 * np.log10(1.0 / mse)
-            rows.append((name, world, score, diff, psnr, seconds / len(prompts)))
-            print(f"{name}: score {score:.1f}%  max|diff| {diff:.2e}  PSNR {psnr:.1f} dB  "
-                  f"{seconds / len(prompts):.2f} s/image", flush=True)
+            rows.append((name, world, 100.0 * verdicts.mean(), per_set, lost, gained, diff, psnr, seconds))
+            print(f"{name}: score {100.0 * verdicts.mean():.1f}% (per seed set "
+                  f"{' / '.join(f'{x:.1f}%' for x in per_set)}; verdicts lost {lost}, gained {gained})  "
+                  f"max|diff| {diff:.2e}  PSNR {psnr:.1f} dB  {seconds:.2f} s/image", flush=True)
     finally:
         close_all_pools()
     size = args.size or 256
-    lines = [f"Default model, {len(prompts)} held-out prompts at {size}x{size}, seeds {args.seed}.."
-             f"{args.seed + len(prompts) - 1} (`{shlex.join(['python', '-m', 'benchmarks.default_model_layouts', *sys.argv[1:]])}`)",
+    seeds = ", ".join(f"{s}..{s + len(prompts) - 1}" for s in args.seed)
+    pooled = len(args.seed) > 1
+    lines = [f"Default model, {len(prompts)} held-out prompts at {size}x{size}, seeds {seeds}"
+             f"{' (score pooled over the seed sets)' if pooled else ''} "
+             f"(`{shlex.join(['python', '-m', 'benchmarks.default_model_layouts', *sys.argv[1:]])}`)",
              "",
-             "| layout | ranks | score | max abs diff vs serial | PSNR vs serial | s / image |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {n} | {w} | {s:.1f}% | {d:.1e} | {p:.1f} dB | {t:.2f} |" for n, w, s, d, p, t in rows]
+             f"| layout | ranks | score |{' per seed set |' if pooled else ''} verdicts vs serial: lost / gained "
+             "| max abs diff vs serial | PSNR vs serial | s / image |",
+             f"|---|---|---|{'---|' if pooled else ''}---|---|---|---|"]
+    for n, w, s, per_set, lost, gained, d, p, t in rows:
+        sets = f" {' / '.join(f'{x:.1f}%' for x in per_set)} |" if pooled else ""
+        lines.append(f"| {n} | {w} | {s:.1f}% |{sets} {lost} / {gained} | {d:.1e} | {p:.1f} dB | {t:.2f} |")
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
-
 
 if __name__ == "__main__":
     main()
