@@ -139,5 +139,6 @@ def main() -> None:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
+
 if __name__ == "__main__":
     main()
