@@ -49,8 +49,9 @@ def test_npy_outputs_same_under_torchrun_data_and_ring_parallel_as_serial(tiny_f
     proc, _ = run_cli(common + ["--output", serial])
     assert proc.returncode == 0, proc.stderr
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "-m", "meshdit", "generate"]
+    # torchrun makes itself a torchelastic_* log folder under TMPDIR and leaves it: keep it in tmp_path
     proc = subprocess.run(torchrun + common + ["--data-parallel-degree", "2", "--ring-degree", "2", "--output", par],
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=240, env={**os.environ, "TMPDIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
     for i in range(2):
         a, b = np.load(serial.format(i=i)), np.load(par.format(i=i))
