@@ -3,19 +3,14 @@
     python -m benchmarks.pipefusion_drift [--names flux-4blocks hunyuandit-4blocks] [--cost-only]
 
 First its cost: one attention call's time against the correction's (copy the patch's last values, shift the
-later patches' values), one thread, at the bundled model's sizes and FLUX.1-dev's. Then the layouts and sizes of tests/test_pipefusion.py (1 warmup step of 4; PipeFusion 2 with 3 patches, 4 with
-4, 2 x ulysses 2, 2 x ring 2) on a pool of gloo ranks; prints the PSNR of each image against the serial one
-with the correction off (`--no-kv-drift-correction`, PipeFusion as published) and on (the default).
+later patches' values), one thread, at the bundled model's sizes and FLUX.1-dev's. Then the layouts and
+sizes of tests/test_pipefusion.py (1 warmup step of 4; PipeFusion 2 with 3 patches, 4 with 4, 2 x ulysses 2,
+2 x ring 2) on a pool of gloo ranks; prints the PSNR of each image against the serial one with the
+correction off (`--no-kv-drift-correction`, PipeFusion as published) and on (the default).
 """
 from __future__ import annotations
 
 import argparse
-
-LAYOUTS = {"pp2-m3": dict(pipefusion_parallel_degree=2, num_pipeline_patch=3),
-           "pp4-m4": dict(pipefusion_parallel_degree=4, num_pipeline_patch=4),
-           "pp2-u2": dict(pipefusion_parallel_degree=2, ulysses_degree=2),
-           "pp2-r2": dict(pipefusion_parallel_degree=2, ring_degree=2)}
-
 
 # (name, heads, text tokens, image tokens, head dim): one attention call of a patch step with 2 patches
 COST_SIZES = [("bundled model, 256 px", 4, 32, 256, 32), ("bundled model, 512 px", 4, 32, 1024, 32),
@@ -55,7 +50,7 @@ def print_cost() -> None:
 def main() -> None:
     from meshdit.testing.rank_pool import close_all_pools, get_pool, split_layout
     from tests import sp_jobs
-    from tests.test_pipefusion import FAMILIES_4, SIZE, STEPS, psnr
+    from tests.test_pipefusion import FAMILIES_4, ONE_WARMUP_LAYOUTS, SIZE, STEPS, psnr, reference
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--names", nargs="+", default=FAMILIES_4)
@@ -67,8 +62,8 @@ def main() -> None:
     print("| model | layout | PSNR as published | PSNR with drift correction |\n|---|---|---|---|")
     try:
         for name in args.names:
-            serial = sp_jobs.generate_fresh(name, {}, *SIZE, steps=STEPS)[0]
-            for layout, degrees in LAYOUTS.items():
+            serial = reference(name)
+            for layout, degrees in ONE_WARMUP_LAYOUTS.items():
                 quality = []
                 for correct in (False, True):
                     settings = dict(degrees, warmup_steps=1, kv_drift_correction=correct)
