@@ -26,6 +26,21 @@ def error(status: int, message: str, param: str | None = None, headers: dict | N
                         status_code=status, headers=headers)
 
 
+async def read_body(request: Request, limit: int) -> bytes | None:
+    """The body, or None once it is known to exceed `limit` bytes: from Content-Length before reading
+    any of it, else (chunked) as soon as the bytes read pass the limit; the rest is never read."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="meshdit", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -74,9 +89,17 @@ def create_app(state: ServerState) -> FastAPI:
             return error(503, "the server is shutting down and takes no new jobs")
         if "application/json" not in request.headers.get("content-type", ""):
             return error(415, "Content-Type must be application/json", "content-type")
-        raw = await request.body()
+        raw = await read_body(request, state.settings.max_body_bytes)
+        if raw is None:
+            state.metrics.requests.labels("rejected_too_large").inc()
+            return error(413, f"the body is larger than this server's limit of {state.settings.max_body_bytes} "
+                              "bytes (--max-body-bytes); an image request needs a few KB", "body",
+                         headers={"Connection": "close"})  # uvicorn then closes without reading the rest
         try:
             data = json.loads(raw)
+        except RecursionError:  # json's parser recurses per level: a deep body would otherwise answer 500
+            state.metrics.requests.labels("rejected_invalid").inc()
+            return error(400, "the body's JSON is nested too deeply (an image request is one flat object)", "body")
         except (ValueError, UnicodeDecodeError) as exc:
             state.metrics.requests.labels("rejected_invalid").inc()
             return error(400, f"the body is not valid JSON: {exc}", "body")

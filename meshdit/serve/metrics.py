@@ -5,7 +5,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 
 disable_created_metrics()  # no *_created samples: they only add noise to a scrape
 
-OUTCOMES = ("done", "failed", "cancelled", "rejected_queue_full", "rejected_invalid", "unauthorized")
+OUTCOMES = ("done", "failed", "cancelled", "rejected_queue_full", "rejected_invalid", "rejected_too_large",
+            "unauthorized")
 
 
 class Metrics:

@@ -13,6 +13,7 @@ import numpy as np
 from ..config import GenerateRequest, ParallelConfig
 from ..errors import ConfigError
 from .jobs import Job, JobQueue
+from .limits import MAX_BODY_BYTES
 from .metrics import Metrics
 from .schemas import ImageRequest
 
@@ -41,6 +42,7 @@ class ServeSettings:
     max_pixels: int = 1024 * 1024
     request_timeout: float = 600.0  # seconds a job may run
     queue_timeout: float = 600.0  # seconds a job may wait
+    max_body_bytes: int = MAX_BODY_BYTES  # larger request bodies get 413, unread
     dtype: str | None = None
     vae: object = None
     verbose: bool = False

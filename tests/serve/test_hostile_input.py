@@ -1,0 +1,117 @@
+"""The HTTP app under hostile input: oversized and endless bodies, deeply nested JSON.
+
+These refusals happen before a request reaches the model, so the app runs here on a ready
+ServerState without ranks: over a real socket (uvicorn in a thread, as rank 0 serves it) and in
+process (httpx's ASGI transport, which pulls the request body only when the app asks for it).
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import httpx
+import pytest
+
+from meshdit.config import ParallelConfig
+from meshdit.distributed.ports import free_port
+from meshdit.serve.app import create_app
+from meshdit.serve.server_state import ServerState, ServeSettings
+from meshdit.serve.worker import start_http, stop_http
+
+LIMIT = 512 * 1024  # --max-body-bytes of these servers (a body nested 100,000 deep fits under it)
+
+
+def ready_state(**settings) -> ServerState:
+    state = ServerState(ServeSettings(model="meshdit-default-model", config=ParallelConfig(), height=64, width=64,
+                                      steps=4, guidance_scale=None, max_sequence_length=None, port=free_port(),
+                                      max_body_bytes=LIMIT, **settings))
+    state.ready = True  # what attach() sets once the ranks loaded; nothing here reaches the model
+    return state
+
+
+@pytest.fixture(scope="module")
+def served():
+    state = ready_state()
+    server = start_http(state)
+    try:
+        yield state
+    finally:
+        stop_http(server)
+
+
+def raw_exchange(port: int, head: bytes, body: bytes = b"", timeout: float = 10) -> bytes:
+    """Sends a request head and part of a body, never the rest; returns the response, read until the server
+    closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
+        conn.sendall(head + body)
+        answer = b""
+        while chunk := conn.recv(65536):  # socket.timeout here: the server is still waiting for the body
+            answer += chunk
+        return answer
+
+
+def head(port: int, *lines: str) -> bytes:
+    return "\r\n".join(["POST /v1/images/jobs HTTP/1.1", f"Host: 127.0.0.1:{port}",
+                        "Content-Type: application/json", *lines, "", ""]).encode()
+
+
+def test_a_declared_oversized_body_gets_413_before_a_byte_of_it_is_sent(served):
+    port = served.settings.port
+    answer = raw_exchange(port, head(port, "Content-Length: 50000000"))  # 50 MB promised, none sent
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"connection: close" in answer.lower()  # the rest of the body is never read
+    assert 'outcome="rejected_too_large"} 1.0' in httpx.get(f"http://127.0.0.1:{port}/metrics").text
+
+
+def test_a_chunked_body_is_cut_off_once_it_passes_the_limit(served):
+    """No Content-Length: the server stops reading past the limit, without waiting for the body's end."""
+    port = served.settings.port
+    chunk = b"x" * 4096
+    body = (b"%x\r\n" % len(chunk) + chunk + b"\r\n") * (LIMIT // len(chunk) + 1)  # the final 0-chunk never comes
+    answer = raw_exchange(port, head(port, "Transfer-Encoding: chunked"), body)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"--max-body-bytes" in answer and str(LIMIT).encode() in answer
+    assert raw_exchange(port, head(port, f"Content-Length: {LIMIT + 1}")).startswith(b"HTTP/1.1 413")
+
+
+def test_the_body_is_not_read_past_the_limit():
+    """In process, a body generator records how much of it the app consumed."""
+    app = create_app(ready_state())
+    chunk = b" " * 1024
+
+    async def post(consumed: list, declare: bool) -> httpx.Response:
+        async def body():
+            while True:  # endless
+                consumed.append(len(chunk))
+                yield chunk
+
+        headers = {"Content-Type": "application/json"}
+        if declare:
+            headers["Content-Length"] = str(50_000_000)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
+            return await client.post("/v1/images/generations", content=body(), headers=headers)
+
+    for declare, most in ((True, 0), (False, LIMIT + len(chunk))):
+        consumed: list = []
+        r = asyncio.run(asyncio.wait_for(post(consumed, declare), 30))
+        assert r.status_code == 413, r.text
+        assert "--max-body-bytes" in r.json()["error"]["message"]
+        assert sum(consumed) <= most, (declare, sum(consumed))
+
+
+@pytest.mark.parametrize("depth", [100_000, 2_000])
+@pytest.mark.parametrize("where", ["body", "field"])
+def test_deeply_nested_json_gets_400_naming_the_nesting(served, depth, where):
+    nested = "[" * depth + "]" * depth
+    raw = nested if where == "body" else '{"prompt": "a red circle", "user": ' + nested + "}"
+    r = httpx.post(f"http://127.0.0.1:{served.settings.port}/v1/images/generations", content=raw.encode(),
+                   headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == 400, r.text[:300]
+    assert "nested" in r.json()["error"]["message"], r.text[:300]
+
+
+def test_limit_flags_are_checked_before_any_rank_starts(capsys):
+    from meshdit.cli import main
+
+    assert main(["serve", "--max-body-bytes", "0"]) == 2
+    assert "--max-body-bytes" in capsys.readouterr().err
