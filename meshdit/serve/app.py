@@ -84,7 +84,7 @@ def create_app(state: ServerState) -> FastAPI:
         return {"object": "list", "data": [{"id": state.model_id, "object": "model", "created": 0,
                                             "owned_by": "meshdit"}]}
 
-    async def submit(request: Request) -> Job | JSONResponse:
+    async def submit(request: Request, pinned: bool = False) -> Job | JSONResponse:
         if state.draining:
             return error(503, "the server is shutting down and takes no new jobs")
         if "application/json" not in request.headers.get("content-type", ""):
@@ -114,6 +114,7 @@ def create_app(state: ServerState) -> FastAPI:
         except BadRequest as exc:
             state.metrics.requests.labels("rejected_invalid").inc()
             return error(exc.status, exc.message, exc.param)
+        job.pinned = pinned
         try:
             state.queue.submit(job)
         except QueueFull:
@@ -125,13 +126,16 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/images/generations")
     async def generations(request: Request):
-        job = await submit(request)
+        job = await submit(request, pinned=True)
         if isinstance(job, JSONResponse):
             return job
-        while not job.done.is_set():
-            await asyncio.sleep(0.02)
-        if job.state == "done":
-            return {"created": int(time.time()), "data": [{"b64_json": b64(png)} for png in job.pngs]}
+        try:
+            while not job.done.is_set():
+                await asyncio.sleep(0.02)
+            if job.state == "done":
+                return {"created": int(time.time()), "data": [{"b64_json": b64(png)} for png in job.pngs]}
+        finally:  # answered (or the client left): nobody else can ask for this job's images
+            state.results.release(job)
         if job.state == "cancelled":
             return error(409, f"job {job.id} was cancelled at step {job.step} of {job.steps}")
         return error(job.http_status if job.http_status >= 400 else 500, f"job {job.id} failed: {job.error}")
@@ -142,6 +146,7 @@ def create_app(state: ServerState) -> FastAPI:
         return job if isinstance(job, JSONResponse) else JSONResponse(job.public(), status_code=202)
 
     def find(job_id: str) -> Job | JSONResponse:
+        state.results.expire()  # a status is exact about expiry even while the rank loop is busy
         job = state.queue.get(job_id)
         return job if job is not None else error(404, f"no job {job_id!r} (unknown or forgotten)", "id")
 
@@ -155,11 +160,14 @@ def create_app(state: ServerState) -> FastAPI:
         job = find(job_id)
         if isinstance(job, JSONResponse):
             return job
-        if job.state != "done":
-            return error(409, f"job {job_id} is {job.state}, not done: no image", "id")
-        if not 0 <= index < len(job.pngs):
-            return error(400, f"index {index}: the job has {len(job.pngs)} image(s)", "index")
-        return Response(job.pngs[index], media_type="image/png")
+        pngs, status = job.pngs, job.state  # in this order: a result that expires now still answers 410
+        if status == "expired":
+            return error(410, job.error, "id")
+        if status != "done":
+            return error(409, f"job {job_id} is {status}, not done: no image", "id")
+        if not 0 <= index < len(pngs):
+            return error(400, f"index {index}: the job has {len(pngs)} image(s)", "index")
+        return Response(pngs[index], media_type="image/png")
 
     @app.delete("/v1/images/jobs/{job_id}")
     async def job_cancel(job_id: str):

@@ -5,18 +5,30 @@ from __future__ import annotations
 from ..errors import ConfigError
 
 MAX_BODY_BYTES = 1 << 20  # an image request is a few KB; a larger body is refused unread
+RESULT_STORE_MB = 1024  # finished jobs' PNGs held on the output rank; the oldest expire first beyond it
+RESULT_TTL_S = 3600.0  # a finished job's PNGs expire this long after it ended
 
 
 def add_limit_flags(serve) -> None:
     serve.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, metavar="BYTES",
                        help="largest request body; a larger one gets 413 without being read (default: 1 MiB)")
+    serve.add_argument("--result-store-mb", type=int, default=RESULT_STORE_MB, metavar="MIB",
+                       help="memory for finished jobs' PNGs; beyond it the oldest expire (their content: 410) "
+                            f"(default: {RESULT_STORE_MB})")
+    serve.add_argument("--result-ttl", type=float, default=RESULT_TTL_S, metavar="SECONDS",
+                       help=f"how long a finished job's PNGs stay fetchable (default: {RESULT_TTL_S:g})")
 
 
 def check_limit_flags(args) -> None:
     if args.max_body_bytes < 1:
         raise ConfigError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
+    if args.result_store_mb < 1:
+        raise ConfigError(f"--result-store-mb must be >= 1 (MiB), got {args.result_store_mb}")
+    if args.result_ttl <= 0:
+        raise ConfigError(f"--result-ttl must be > 0 seconds, got {args.result_ttl:g}")
 
 
 def limit_settings(args) -> dict:
     """ServeSettings' fields from the flags."""
-    return dict(max_body_bytes=args.max_body_bytes)
+    return dict(max_body_bytes=args.max_body_bytes, result_store_bytes=args.result_store_mb << 20,
+                result_ttl=args.result_ttl)

@@ -13,8 +13,9 @@ import numpy as np
 from ..config import GenerateRequest, ParallelConfig
 from ..errors import ConfigError
 from .jobs import Job, JobQueue
-from .limits import MAX_BODY_BYTES
+from .limits import MAX_BODY_BYTES, RESULT_STORE_MB, RESULT_TTL_S
 from .metrics import Metrics
+from .results import ResultStore
 from .schemas import ImageRequest
 
 
@@ -43,6 +44,8 @@ class ServeSettings:
     request_timeout: float = 600.0  # seconds a job may run
     queue_timeout: float = 600.0  # seconds a job may wait
     max_body_bytes: int = MAX_BODY_BYTES  # larger request bodies get 413, unread
+    result_store_bytes: int = RESULT_STORE_MB << 20  # finished jobs' PNGs held; the oldest expire beyond it
+    result_ttl: float = RESULT_TTL_S  # seconds a finished job's PNGs are held
     dtype: str | None = None
     vae: object = None
     verbose: bool = False
@@ -60,6 +63,7 @@ class ServerState:
         self.settings = settings
         self.queue = JobQueue(settings.max_queue, settings.batching, settings.max_batch_images)
         self.metrics = Metrics()
+        self.results = ResultStore(settings.result_store_bytes, settings.result_ttl, self.metrics)
         self.ready = False
         self.draining = False
         self.dead: str | None = None  # why the mesh failed
@@ -171,6 +175,7 @@ class ServerState:
                 job.pngs = [png_bytes(image) for image in result.images]
                 job.step = job.steps
                 self._end(job, "done")
+                self.results.add(job)
 
     def stopped(self, batch: list[Job], step: int) -> None:
         for job in batch:

@@ -83,6 +83,7 @@ def _lead(engine, state: ServerState, stop: threading.Event, running: list) -> N
             message = ("stop",)
         else:
             state.expire_waiting()
+            state.results.expire()
             batch = state.queue.next_batch(timeout=HEARTBEAT_S)
             message = ("run", [job.request for job in batch]) if batch else ("idle",)
         dist.broadcast_object_list([message], src=0)

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
+import time
+from types import SimpleNamespace
 
 import httpx
+import numpy as np
 import pytest
 
-from meshdit.config import ParallelConfig
+from meshdit.config import GenerateRequest, ParallelConfig
 from meshdit.distributed.ports import free_port
 from meshdit.serve.app import create_app
-from meshdit.serve.server_state import ServerState, ServeSettings
+from meshdit.serve.jobs import Job
+from meshdit.serve.server_state import ServerState, ServeSettings, png_bytes
 from meshdit.serve.worker import start_http, stop_http
 
 LIMIT = 512 * 1024  # --max-body-bytes of these servers (a body nested 100,000 deep fits under it)
@@ -113,5 +118,93 @@ def test_deeply_nested_json_gets_400_naming_the_nesting(served, depth, where):
 def test_limit_flags_are_checked_before_any_rank_starts(capsys):
     from meshdit.cli import main
 
-    assert main(["serve", "--max-body-bytes", "0"]) == 2
-    assert "--max-body-bytes" in capsys.readouterr().err
+    for flag, value in (("--max-body-bytes", "0"), ("--result-store-mb", "0"), ("--result-ttl", "-1")):
+        assert main(["serve", flag, value]) == 2
+        assert flag in capsys.readouterr().err
+
+
+# -- the result store: bounded by bytes and age ----------------------------------------------------
+
+
+def finish_next(state: ServerState, seed: int) -> list:
+    """What the rank loop does with the next batch once the mesh ran it: real PNGs of 64x64 noise."""
+    batch = state.queue.next_batch(timeout=10)
+    images = [np.random.default_rng(seed + i).random((64, 64, 3)) for i in range(len(batch))]
+    state.finish(batch, [SimpleNamespace(images=[image]) for image in images])
+    return batch
+
+
+def submit(state: ServerState, port: int, seed: int) -> str:
+    r = httpx.post(f"http://127.0.0.1:{port}/v1/images/jobs", json={"prompt": "a red circle", "seed": seed})
+    assert r.status_code == 202, r.text
+    return r.json()["id"]
+
+
+@pytest.fixture()
+def store_server(monkeypatch):
+    """A server whose store holds about two results, for a minute; jobs are checked as if the model allowed them."""
+    state = ready_state(result_store_bytes=2 * PNG_BYTES + PNG_BYTES // 2, result_ttl=60.0)
+    monkeypatch.setattr(state, "make_job", lambda body: Job(GenerateRequest(prompt=body.prompt, seed=body.seed),
+                                                            (body.seed,), 1, 4))
+    server = start_http(state)
+    try:
+        yield state
+    finally:
+        stop_http(server)
+
+
+PNG_BYTES = len(png_bytes(np.random.default_rng(0).random((64, 64, 3))))  # about each result's size
+
+
+def test_results_expire_oldest_first_past_the_byte_bound_and_say_so(store_server):
+    state, port = store_server, store_server.settings.port
+    url = f"http://127.0.0.1:{port}/v1/images/jobs"
+    ids = []
+    for seed in range(5):
+        ids.append(submit(state, port, seed))
+        finish_next(state, seed)
+    assert 0 < state.results.bytes <= state.settings.result_store_bytes
+    statuses = [httpx.get(f"{url}/{job_id}").json() for job_id in ids]
+    assert [s["status"] for s in statuses] == ["expired"] * 3 + ["done"] * 2, statuses
+    assert "--result-store-mb" in statuses[0]["error"]
+    gone = httpx.get(f"{url}/{ids[0]}/content")
+    assert gone.status_code == 410 and "--result-store-mb" in gone.json()["error"]["message"]
+    assert httpx.get(f"{url}/{ids[-1]}/content").headers["content-type"] == "image/png"
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    assert f"meshdit_result_store_bytes {float(state.results.bytes)}" in metrics
+    assert 'meshdit_results_expired_total{reason="bytes"} 3.0' in metrics
+
+
+def test_results_expire_with_age_and_the_status_says_so(store_server):
+    state, port = store_server, store_server.settings.port
+    job_id = submit(state, port, 0)
+    finish_next(state, 0)
+    url = f"http://127.0.0.1:{port}/v1/images/jobs/{job_id}"
+    assert httpx.get(url).json()["status"] == "done"
+    state.results.ttl = 0.2
+    time.sleep(0.3)
+    status = httpx.get(url).json()  # the lookup expires it, even without the rank loop
+    assert status["status"] == "expired" and "--result-ttl" in status["error"], status
+    assert httpx.get(url + "/content").status_code == 410
+    assert state.results.bytes == 0
+    assert 'meshdit_results_expired_total{reason="age"} 1.0' in httpx.get(f"http://127.0.0.1:{port}/metrics").text
+
+
+def test_a_synchronous_answer_is_not_expired_while_waiting_and_not_kept_after(store_server):
+    state, port = store_server, store_server.settings.port
+    answers = {}
+
+    def request() -> None:
+        answers["r"] = httpx.post(f"http://127.0.0.1:{port}/v1/images/generations",
+                                  json={"prompt": "a red circle", "seed": 7}, timeout=60)
+
+    waiting = threading.Thread(target=request)
+    waiting.start()
+    deadline = time.monotonic() + 30
+    while not len(state.queue) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    state.results.max_bytes = 1  # it would expire at once, were it not waited for
+    [job] = finish_next(state, 7)
+    waiting.join(30)
+    assert answers["r"].status_code == 200 and len(answers["r"].json()["data"]) == 1
+    assert job.state == "done" and job.pngs == [] and state.results.bytes == 0
