@@ -167,6 +167,7 @@ def create_app(state: ServerState) -> FastAPI:
             return error(409, f"job {job_id} is {status}, not done: no image", "id")
         if not 0 <= index < len(pngs):
             return error(400, f"index {index}: the job has {len(pngs)} image(s)", "index")
+        job.fetched.add(index)
         return Response(pngs[index], media_type="image/png")
 
     @app.delete("/v1/images/jobs/{job_id}")

@@ -32,6 +32,7 @@ class Job:
     pngs: list = field(default_factory=list)
     cancel_requested: bool = False
     pinned: bool = False  # a synchronous request waits for the result: it does not expire meanwhile
+    fetched: set = field(default_factory=set)  # indexes of the PNGs served (a drain waits for the rest)
     started: float | None = None
     finished: float | None = None
     done: threading.Event = field(default_factory=threading.Event)

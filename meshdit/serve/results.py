@@ -29,6 +29,10 @@ class ResultStore:
             self.bytes += sum(len(png) for png in job.pngs)
             self._expire(time.time())
 
+    def held(self) -> list[Job]:
+        with self._lock:
+            return list(self._jobs.values())
+
     def release(self, job: Job) -> None:
         """The synchronous answer went out (or its client left): the PNGs are dropped, the job stays done."""
         with self._lock:

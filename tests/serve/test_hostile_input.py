@@ -118,7 +118,8 @@ def test_deeply_nested_json_gets_400_naming_the_nesting(served, depth, where):
 def test_limit_flags_are_checked_before_any_rank_starts(capsys):
     from meshdit.cli import main
 
-    for flag, value in (("--max-body-bytes", "0"), ("--result-store-mb", "0"), ("--result-ttl", "-1")):
+    for flag, value in (("--max-body-bytes", "0"), ("--result-store-mb", "0"), ("--result-ttl", "-1"),
+                        ("--drain-grace", "-1")):
         assert main(["serve", flag, value]) == 2
         assert flag in capsys.readouterr().err
 
@@ -208,3 +209,33 @@ def test_a_synchronous_answer_is_not_expired_while_waiting_and_not_kept_after(st
     waiting.join(30)
     assert answers["r"].status_code == 200 and len(answers["r"].json()["data"]) == 1
     assert job.state == "done" and job.pngs == [] and state.results.bytes == 0
+
+
+# -- the drain ---------------------------------------------------------------------------------------
+
+
+def test_while_draining_new_jobs_get_503_health_says_draining_and_finished_results_wait_to_be_fetched(
+        store_server):
+    state, port = store_server, store_server.settings.port
+    base = f"http://127.0.0.1:{port}"
+    job_id = submit(state, port, 0)
+    [running] = state.queue.next_batch(timeout=10)
+    state.begin_drain()  # what SIGTERM does at once, while the batch runs
+    refused = httpx.post(f"{base}/v1/images/jobs", json={"prompt": "a red circle"})
+    assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
+    health = httpx.get(f"{base}/health")
+    assert health.status_code == 503 and health.json()["status"] == "draining"
+    state.drain()
+    state.finish([running], [SimpleNamespace(images=[np.zeros((64, 64, 3))])])
+    assert not state.may_stop()  # its image was not fetched yet
+    assert httpx.get(f"{base}/v1/images/jobs/{job_id}/content").status_code == 200
+    assert state.may_stop()
+    # one nobody fetches is kept --drain-grace seconds
+    state.settings.drain_grace = 0.3
+    late = Job(GenerateRequest(prompt="a red circle"), (), 1, 4)
+    state.queue.jobs[late.id] = late
+    late.state = "running"
+    state.finish([late], [SimpleNamespace(images=[np.zeros((64, 64, 3))])])
+    assert not state.may_stop()
+    time.sleep(0.4)
+    assert state.may_stop()
