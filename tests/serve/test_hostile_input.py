@@ -1,8 +1,10 @@
-"""The HTTP app under hostile input: oversized and endless bodies, deeply nested JSON.
+"""The HTTP app under hostile input: oversized and endless bodies, deeply nested JSON, results piling up
+(the store's byte and age bounds), requests during a drain.
 
-These refusals happen before a request reaches the model, so the app runs here on a ready
-ServerState without ranks: over a real socket (uvicorn in a thread, as rank 0 serves it) and in
-process (httpx's ASGI transport, which pulls the request body only when the app asks for it).
+None of this reaches the model, so the app runs here on a ready ServerState without ranks: over a real
+socket (uvicorn in a thread, as rank 0 serves it) and in process (httpx's ASGI transport, which pulls
+the request body only when the app asks for it); the rank loop's part is played by calling what it
+calls (next_batch, finish). The real server's drain: test_server.py's SIGTERM test.
 """
 from __future__ import annotations
 
@@ -141,6 +143,9 @@ def submit(state: ServerState, port: int, seed: int) -> str:
     return r.json()["id"]
 
 
+PNG_BYTES = len(png_bytes(np.random.default_rng(0).random((64, 64, 3))))  # about each result's size
+
+
 @pytest.fixture()
 def store_server(monkeypatch):
     """A server whose store holds about two results, for a minute; jobs are checked as if the model allowed them."""
@@ -153,8 +158,6 @@ def store_server(monkeypatch):
     finally:
         stop_http(server)
 
-
-PNG_BYTES = len(png_bytes(np.random.default_rng(0).random((64, 64, 3))))  # about each result's size
 
 
 def test_results_expire_oldest_first_past_the_byte_bound_and_say_so(store_server):
