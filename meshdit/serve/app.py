@@ -26,6 +26,21 @@ def error(status: int, message: str, param: str | None = None, headers: dict | N
                         status_code=status, headers=headers)
 
 
+async def read_body(request: Request, limit: int) -> bytes | None:
+    """The body, or None once it is known to exceed `limit` bytes: from Content-Length before reading
+    any of it, else (chunked) as soon as the bytes read pass the limit; the rest is never read."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="meshdit", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -69,14 +84,22 @@ def create_app(state: ServerState) -> FastAPI:
         return {"object": "list", "data": [{"id": state.model_id, "object": "model", "created": 0,
                                             "owned_by": "meshdit"}]}
 
-    async def submit(request: Request) -> Job | JSONResponse:
+    async def submit(request: Request, pinned: bool = False) -> Job | JSONResponse:
         if state.draining:
             return error(503, "the server is shutting down and takes no new jobs")
         if "application/json" not in request.headers.get("content-type", ""):
             return error(415, "Content-Type must be application/json", "content-type")
-        raw = await request.body()
+        raw = await read_body(request, state.settings.max_body_bytes)
+        if raw is None:
+            state.metrics.requests.labels("rejected_too_large").inc()
+            return error(413, f"the body is larger than this server's limit of {state.settings.max_body_bytes} "
+                              "bytes (--max-body-bytes); an image request needs a few KB", "body",
+                         headers={"Connection": "close"})  # uvicorn then closes without reading the rest
         try:
             data = json.loads(raw)
+        except RecursionError:  # json's parser recurses per level: a deep body would otherwise answer 500
+            state.metrics.requests.labels("rejected_invalid").inc()
+            return error(400, "the body's JSON is nested too deeply (an image request is one flat object)", "body")
         except (ValueError, UnicodeDecodeError) as exc:
             state.metrics.requests.labels("rejected_invalid").inc()
             return error(400, f"the body is not valid JSON: {exc}", "body")
@@ -91,6 +114,7 @@ def create_app(state: ServerState) -> FastAPI:
         except BadRequest as exc:
             state.metrics.requests.labels("rejected_invalid").inc()
             return error(exc.status, exc.message, exc.param)
+        job.pinned = pinned
         try:
             state.queue.submit(job)
         except QueueFull:
@@ -102,13 +126,16 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/images/generations")
     async def generations(request: Request):
-        job = await submit(request)
+        job = await submit(request, pinned=True)
         if isinstance(job, JSONResponse):
             return job
-        while not job.done.is_set():
-            await asyncio.sleep(0.02)
-        if job.state == "done":
-            return {"created": int(time.time()), "data": [{"b64_json": b64(png)} for png in job.pngs]}
+        try:
+            while not job.done.is_set():
+                await asyncio.sleep(0.02)
+            if job.state == "done":
+                return {"created": int(time.time()), "data": [{"b64_json": b64(png)} for png in job.pngs]}
+        finally:  # answered (or the client left): nobody else can ask for this job's images
+            state.results.release(job)
         if job.state == "cancelled":
             return error(409, f"job {job.id} was cancelled at step {job.step} of {job.steps}")
         return error(job.http_status if job.http_status >= 400 else 500, f"job {job.id} failed: {job.error}")
@@ -119,6 +146,7 @@ def create_app(state: ServerState) -> FastAPI:
         return job if isinstance(job, JSONResponse) else JSONResponse(job.public(), status_code=202)
 
     def find(job_id: str) -> Job | JSONResponse:
+        state.results.expire()  # a status is exact about expiry even while the rank loop is busy
         job = state.queue.get(job_id)
         return job if job is not None else error(404, f"no job {job_id!r} (unknown or forgotten)", "id")
 
@@ -132,11 +160,15 @@ def create_app(state: ServerState) -> FastAPI:
         job = find(job_id)
         if isinstance(job, JSONResponse):
             return job
-        if job.state != "done":
-            return error(409, f"job {job_id} is {job.state}, not done: no image", "id")
-        if not 0 <= index < len(job.pngs):
-            return error(400, f"index {index}: the job has {len(job.pngs)} image(s)", "index")
-        return Response(job.pngs[index], media_type="image/png")
+        pngs, status = job.pngs, job.state  # in this order: a result that expires now still answers 410
+        if status == "expired":
+            return error(410, job.error, "id")
+        if status != "done":
+            return error(409, f"job {job_id} is {status}, not done: no image", "id")
+        if not 0 <= index < len(pngs):
+            return error(400, f"index {index}: the job has {len(pngs)} image(s)", "index")
+        job.fetched.add(index)
+        return Response(pngs[index], media_type="image/png")
 
     @app.delete("/v1/images/jobs/{job_id}")
     async def job_cancel(job_id: str):

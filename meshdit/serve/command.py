@@ -9,6 +9,7 @@ from ..config import GenerateRequest, ParallelConfig
 from ..errors import ConfigError
 from ..flag_spec import flag_specs
 from ..vae.settings import VaeDecodeSettings
+from .limits import add_limit_flags, check_limit_flags, limit_settings
 
 # generate's flags that serve shares: model, every layout and VAE flag, and the request defaults (PipeFusion's
 # warmup steps, patches and drift correction are server-wide: every request gets them)
@@ -32,6 +33,7 @@ def add_serve_parser(commands, generate_parser: argparse.ArgumentParser) -> argp
     serve.add_argument("--max-images", type=int, default=4, help="largest n per request")
     serve.add_argument("--request-timeout", type=float, default=600.0, help="seconds a job may run")
     serve.add_argument("--queue-timeout", type=float, default=600.0, help="seconds a job may wait in the queue")
+    add_limit_flags(serve)  # body size, result store, drain grace (serve/limits.py)
     return serve
 
 
@@ -47,6 +49,7 @@ def serve_command(args) -> int:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.request_timeout <= 0 or args.queue_timeout <= 0:
         raise ConfigError("--request-timeout and --queue-timeout must be > 0 seconds")
+    check_limit_flags(args)
     from ..models.info import ModelInfo
 
     info = ModelInfo.from_pretrained(model)
@@ -72,7 +75,7 @@ def serve_command(args) -> int:
         port=args.port, api_key=args.api_key or os.environ.get("MESHDIT_API_KEY") or None,
         max_queue=args.max_queue, batching=not args.no_batching, max_batch_images=args.max_batch_images,
         max_images=args.max_images, request_timeout=args.request_timeout, queue_timeout=args.queue_timeout,
-        dtype=args.dtype, vae=vae, verbose=args.verbose, **pipefusion)
+        dtype=args.dtype, vae=vae, verbose=args.verbose, **pipefusion, **limit_settings(args))
     from .launch import serve_ranks
 
     return serve_ranks(settings)

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from ..config import GenerateRequest
 
-TERMINAL = ("done", "failed", "cancelled")
-_KEEP_FINISHED = 1000  # finished jobs remembered for GET; older ones are forgotten
+TERMINAL = ("done", "failed", "cancelled", "expired")  # expired: done, its result dropped (serve/results.py)
+_KEEP_FINISHED = 1000  # finished jobs without a stored result remembered for GET; older ones are forgotten
 
 
 class QueueFull(Exception):
@@ -25,12 +25,14 @@ class Job:
     steps: int
     id: str = field(default_factory=lambda: "img-" + uuid.uuid4().hex[:16])
     created: float = field(default_factory=time.time)
-    state: str = "queued"  # queued -> running -> done | failed | cancelled
+    state: str = "queued"  # queued -> running -> done (-> expired) | failed | cancelled
     step: int = 0
     error: str | None = None
     http_status: int = 200  # for a failed job: what the synchronous endpoint answers
     pngs: list = field(default_factory=list)
     cancel_requested: bool = False
+    pinned: bool = False  # a synchronous request waits for the result: it does not expire meanwhile
+    fetched: set = field(default_factory=set)  # indexes of the PNGs served (a drain waits for the rest)
     started: float | None = None
     finished: float | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -112,6 +114,6 @@ class JobQueue:
         job.done.set()
 
     def _forget_old(self) -> None:
-        finished = [j for j in self.jobs.values() if j.state in TERMINAL]
+        finished = [j for j in self.jobs.values() if j.state in TERMINAL and not j.pngs]  # stored: bounded there
         for job in finished[:max(0, len(finished) - _KEEP_FINISHED)]:
             del self.jobs[job.id]

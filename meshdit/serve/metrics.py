@@ -5,7 +5,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 
 disable_created_metrics()  # no *_created samples: they only add noise to a scrape
 
-OUTCOMES = ("done", "failed", "cancelled", "rejected_queue_full", "rejected_invalid", "unauthorized")
+OUTCOMES = ("done", "failed", "cancelled", "rejected_queue_full", "rejected_invalid", "rejected_too_large",
+            "unauthorized")
 
 
 class Metrics:
@@ -20,6 +21,14 @@ class Metrics:
         self.request_seconds = Histogram("meshdit_request_seconds", "Seconds from submission to the job's end",
                                          buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
                                          registry=self.registry)
+        self.result_store_bytes = Gauge("meshdit_result_store_bytes", "Bytes of finished jobs' PNGs held for "
+                                        "fetching (bound: --result-store-mb)", registry=self.registry)
+        self.result_store_jobs = Gauge("meshdit_result_store_jobs", "Finished jobs whose PNGs are held",
+                                       registry=self.registry)
+        self.results_expired = Counter("meshdit_results_expired", "Results dropped, by reason (age: --result-ttl, "
+                                       "bytes: --result-store-mb)", ["reason"], registry=self.registry)
+        for reason in ("age", "bytes"):
+            self.results_expired.labels(reason)
         self.batch_images = Histogram("meshdit_batch_images", "Images per batch run on the mesh",
                                       buckets=(1, 2, 4, 8, 16, 32), registry=self.registry)
 

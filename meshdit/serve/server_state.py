@@ -13,7 +13,9 @@ import numpy as np
 from ..config import GenerateRequest, ParallelConfig
 from ..errors import ConfigError
 from .jobs import Job, JobQueue
+from .limits import DRAIN_GRACE_S, MAX_BODY_BYTES, RESULT_STORE_MB, RESULT_TTL_S
 from .metrics import Metrics
+from .results import ResultStore
 from .schemas import ImageRequest
 
 
@@ -41,6 +43,10 @@ class ServeSettings:
     max_pixels: int = 1024 * 1024
     request_timeout: float = 600.0  # seconds a job may run
     queue_timeout: float = 600.0  # seconds a job may wait
+    max_body_bytes: int = MAX_BODY_BYTES  # larger request bodies get 413, unread
+    result_store_bytes: int = RESULT_STORE_MB << 20  # finished jobs' PNGs held; the oldest expire beyond it
+    result_ttl: float = RESULT_TTL_S  # seconds a finished job's PNGs are held
+    drain_grace: float = DRAIN_GRACE_S  # seconds a job that finished during a drain stays fetchable
     dtype: str | None = None
     vae: object = None
     verbose: bool = False
@@ -58,8 +64,10 @@ class ServerState:
         self.settings = settings
         self.queue = JobQueue(settings.max_queue, settings.batching, settings.max_batch_images)
         self.metrics = Metrics()
+        self.results = ResultStore(settings.result_store_bytes, settings.result_ttl, self.metrics)
         self.ready = False
         self.draining = False
+        self.drain_started: float | None = None
         self.dead: str | None = None  # why the mesh failed
         self.info = None  # ModelInfo, once loaded
         self.tokenizers: list = []
@@ -169,6 +177,7 @@ class ServerState:
                 job.pngs = [png_bytes(image) for image in result.images]
                 job.step = job.steps
                 self._end(job, "done")
+                self.results.add(job)
 
     def stopped(self, batch: list[Job], step: int) -> None:
         for job in batch:
@@ -187,11 +196,25 @@ class ServerState:
         for job in self.queue.fail_waiting(message, 503):
             self.metrics.requests.labels("failed").inc()
 
-    def drain(self) -> None:
-        """SIGTERM / Ctrl-C: no new jobs; waiting ones fail with a clear status; the running batch finishes."""
+    def begin_drain(self) -> None:
+        """From the signal handler: from now on new jobs get 503 and /health says draining."""
+        if self.drain_started is None:
+            self.drain_started = time.time()
         self.draining = True
+
+    def drain(self) -> None:
+        """SIGTERM / Ctrl-C: no new jobs; waiting ones fail with a clear status; the running batch finishes.
+        Called by the rank loop until it stops (a job may slip in while the signal arrives)."""
+        self.begin_drain()
         for job in self.queue.fail_waiting("the server is shutting down (SIGTERM); resubmit elsewhere", 503):
             self.metrics.requests.labels("failed").inc()
+
+    def may_stop(self) -> bool:
+        """Draining and between batches: no job that finished during the drain still has images nobody fetched,
+        or --drain-grace has passed since the last of them finished."""
+        unfetched = [job.finished for job in self.results.held()
+                     if job.finished >= self.drain_started and len(job.fetched) < len(job.pngs)]
+        return not unfetched or time.time() > max(unfetched) + self.settings.drain_grace
 
     def expire_waiting(self) -> None:
         limit = self.settings.queue_timeout

@@ -42,6 +42,7 @@ def run_serve(settings: ServeSettings) -> None:
 
         def on_signal(signum, frame):  # drain: the running batch finishes, then every rank stops
             stop.set()
+            state.begin_drain()  # at once, not after the running batch: new jobs get 503 from now on
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
@@ -77,12 +78,16 @@ def run_serve(settings: ServeSettings) -> None:
 def _lead(engine, state: ServerState, stop: threading.Event, running: list) -> None:
     parent = os.getppid()
     while True:
-        if (stop.is_set() or (state.settings.spawned and os.getppid() != parent)) and not state.draining:
+        if stop.is_set() or (state.settings.spawned and os.getppid() != parent):
             state.drain()
-        if state.draining:
+        if state.draining and not state.may_stop():  # results that finished during the drain are being fetched
+            time.sleep(0.1)
+            message = ("idle",)
+        elif state.draining:
             message = ("stop",)
         else:
             state.expire_waiting()
+            state.results.expire()
             batch = state.queue.next_batch(timeout=HEARTBEAT_S)
             message = ("run", [job.request for job in batch]) if batch else ("idle",)
         dist.broadcast_object_list([message], src=0)

@@ -205,8 +205,9 @@ def test_web_page_in_a_headless_browser(server):
 
 
 def test_sigterm_drains_the_running_job_fails_the_queued_and_stops_every_rank(server):
-    """Last: it ends the module's server."""
-    running = server.job(prompt=PROMPT, steps=12)
+    """Last: it ends the module's server. While the running job finishes, /health says draining and new
+    jobs get 503; its image stays fetchable after it finished (--drain-grace)."""
+    running = server.job(prompt=PROMPT, steps=60)
     server.wait_job(running["id"], lambda s: s["step"] >= 1)
     events, queued = [], {}
 
@@ -223,11 +224,19 @@ def test_sigterm_drains_the_running_job_fails_the_queued_and_stops_every_rank(se
         t.start()
     server.wait_job(running["id"], lambda s: server.client.get("/health").json()["queue"] == 1)
     ranks = server.rank_pids()
-    server.proc.send_signal(signal.SIGTERM)
+    server.proc.send_signal(signal.SIGTERM)  # the launcher passes it on to rank 0
+    health = server.wait_job(running["id"], lambda s: server.client.get("/health").status_code != 200)
+    assert health["status"] == "running", health  # draining is reported at once, not after the batch
+    assert server.client.get("/health").json()["status"] == "draining"
+    refused = server.client.post("/v1/images/jobs", json={"prompt": PROMPT})
+    assert refused.status_code == 503 and "shutting down" in refused.text, refused.text
     for t in threads:
         t.join(60)
-    assert server.proc.wait(timeout=60) == 0
     assert '"status": "done"' in events[-1], events[-3:]
+    time.sleep(1)  # the image of a job that finished during the drain is still there
+    content = server.client.get(f"/v1/images/jobs/{running['id']}/content")
+    assert content.status_code == 200 and png(content.content).shape == (64, 64, 3)
+    assert server.proc.wait(timeout=60) == 0
     assert queued["answer"][0] == 503 and "shutting down" in queued["answer"][1], queued
     assert children(server.proc.pid) == [] and not [p for p in ranks if os.path.exists(f"/proc/{p}")]
     assert "drained and stopped every rank" in server.log.read_text()
