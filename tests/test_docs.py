@@ -1,0 +1,71 @@
+"""The README stays short, and the links of the README and docs/ lead somewhere."""
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+MAX_README_LINES = 350
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")  # [text](target); images ![..](..) too
+EXTERNAL = ("http://", "https://", "mailto:")
+# Docs that other branches of this change write (serve, step caching): linked before they land. Once they
+# exist they are checked like any other file; the lead empties this set after merging them.
+WRITTEN_ON_OTHER_BRANCHES = {ROOT / "docs" / "serving.md", ROOT / "docs" / "caching.md"}
+
+
+def _docs() -> list[Path]:
+    return [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _prose(text: str) -> str:
+    """The text outside fenced code blocks (a code sample's brackets are not links)."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    return {_anchor(m.group(1)) for m in re.finditer(r"^#+ (.*)$", _prose(path.read_text()), re.M)}
+
+
+def _links(path: Path) -> list[str]:
+    return [t for t in LINK.findall(_prose(path.read_text())) if not t.startswith(EXTERNAL)]
+
+
+def test_readme_is_at_most_350_lines():
+    lines = len(README.read_text().splitlines())
+    assert lines <= MAX_README_LINES, f"README.md has {lines} lines; move detail into docs/ (limit {MAX_README_LINES})"
+
+
+def test_every_relative_link_points_to_an_existing_file_and_heading():
+    broken = []
+    for doc in _docs():
+        for target in _links(doc):
+            file_part, _, anchor = target.partition("#")
+            dest = (doc.parent / file_part).resolve() if file_part else doc
+            if not dest.exists() and dest not in WRITTEN_ON_OTHER_BRANCHES:
+                broken.append(f"{doc.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.exists() and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{doc.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_the_link_check_catches_a_missing_file_and_heading(tmp_path):
+    # The checks above could pass by finding nothing: they must see links, and a broken one must fail.
+    assert len(_links(README)) >= 10
+    page = tmp_path / "page.md"
+    page.write_text("# Title here\n\n[ok](#title-here) [gone](missing.md) [bad](#nowhere)\n```\n[code](x.md)\n```\n")
+    assert _links(page) == ["#title-here", "missing.md", "#nowhere"]
+    assert _anchors(page) == {"title-here"}
+    assert _anchor("Install and first image (a fresh machine, CPU)") == "install-and-first-image-a-fresh-machine-cpu"
+
+
+def test_readme_test_command_is_what_ci_runs():
+    ci = (ROOT / ".ci" / "run").read_text()
+    commands = re.findall(r"^```bash\n(.*?)^```", README.read_text(), re.S | re.M)
+    assert "python -m pytest -q\n" in commands, "the README shows the test command in a bash block of its own"
+    assert re.search(r"^python -m pytest -q$", ci, re.M), ".ci/run must run the README's test command"
+    assert "requirements-cpu.txt" in ci and "requirements-cpu.txt" in README.read_text()
