@@ -69,3 +69,39 @@ def test_readme_test_command_is_what_ci_runs():
     assert "python -m pytest -q\n" in commands, "the README shows the test command in a bash block of its own"
     assert re.search(r"^python -m pytest -q$", ci, re.M), ".ci/run must run the README's test command"
     assert "requirements-cpu.txt" in ci and "requirements-cpu.txt" in README.read_text()
+
+
+def _readme_commands() -> list[str]:
+    """Every `meshdit ...` command of the README: lines of its bash blocks and its inline code."""
+    text = README.read_text()
+    found = []
+    for block in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M):
+        found += [line.split("  #")[0] for line in block.splitlines() if re.match(r"^(\w+=\S+ )*meshdit ", line)]
+    found += re.findall(r"`(meshdit (?:generate|serve) [^`]*)`", _prose(text))
+    return found
+
+
+def test_readme_commands_parse_with_the_real_flags():
+    import shlex
+
+    from meshdit.cli import build_parser
+
+    commands = _readme_commands()
+    assert len(commands) >= 12, commands  # the install block, the layouts table (one per row), serve
+    for command in commands:
+        words = [w for w in shlex.split(command.replace('"$P"', '"two green squares"')) if "=" not in w
+                 or w.startswith("-")]
+        assert words[0] == "meshdit", command
+        try:
+            build_parser().parse_args(words[1:])
+        except SystemExit as exc:
+            if exc.code == 0 and "--help" in words:
+                continue
+            raise AssertionError(f"README command does not parse: {command}") from exc
+    # and a misspelt flag would be caught
+    try:
+        build_parser().parse_args(["generate", "--prompt", "x", "--ulyses-degre", "2"])
+    except SystemExit as exc:
+        assert exc.code != 0
+    else:
+        raise AssertionError("the parser took an unknown flag")
