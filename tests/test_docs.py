@@ -1,5 +1,8 @@
-"""The README stays short, and the links of the README and docs/ lead somewhere."""
+"""The README stays short, its links lead somewhere, and its commands and Python examples run as written."""
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,3 +108,25 @@ def test_readme_commands_parse_with_the_real_flags():
         assert exc.code != 0
     else:
         raise AssertionError("the parser took an unknown flag")
+
+
+def _readme_python() -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", README.read_text(), re.S | re.M)
+
+
+def test_readme_python_examples_run_as_written_on_the_bundled_model(tmp_path):
+    # The one-process example, then the mesh example under torchrun on 2 ranks, each in a fresh interpreter.
+    one, two_ranks = _readme_python()
+    # torchrun makes itself a torchelastic_* log folder under TMPDIR and leaves it: keep it in tmp_path
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run([sys.executable, "-c", one], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("(1, 256, 256, 3)"), proc.stdout
+    script = tmp_path / "two_ranks.py"
+    script.write_text(two_ranks)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("(1, 256, 256, 3)") == 1, proc.stdout  # printed by the output rank alone
