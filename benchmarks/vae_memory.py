@@ -19,21 +19,8 @@ and the gathered image are included. The tables give the largest rank's peak.
 a coarse cross-check. Each rank runs one thread; 4 ranks share 2 cores here,
 so times show overheads, not speed-ups.
 
-Recorded 2026-11-30 (2 CPU cores, torch 2.13 CPU, diffusers 0.42.1), default
-arguments; peak per rank, quarter width:
-
-| image     | 1 rank   | 2 ranks  | 4 ranks | 4/1  |
-|-----------|----------|----------|---------|------|
-| 256x256   | 60 MiB   | 30 MiB   | 15 MiB  | 0.25 |
-| 512x512   | 240 MiB  | 120 MiB  | 60 MiB  | 0.25 |
-| 1024x1024 | 960 MiB  | 481 MiB  | 240 MiB | 0.25 |
-| 1536x1536 | 2160 MiB | 1081 MiB | 559 MiB | 0.26 |
-
-Largest square within 256 MiB per rank (~1 GiB at full width): 512 / 704 / 1024 px
-on 1 / 2 / 4 ranks (fit; 512 / 512 / 1024 px measured); within 1 GiB (~4 GiB full
-width): 1024 / 1472 / 2048 px (fit; 1024 / 1024 / 1536 measured). Tiled, 512 px
-tiles with 64 px overlap at 1536 px: 268 MiB per rank on 1, 2 or 4 ranks (0.12 of
-untiled). Full width at 256 px: 242 / 122 / 62 MiB (ratios 0.50 / 0.26).
+The recorded results (tables, largest image within a budget, tiled and full-width checks) are in
+docs/figures.md, "VAE decode memory".
 """
 from __future__ import annotations
 

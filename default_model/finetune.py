@@ -40,8 +40,13 @@ Each run does what is not done yet, in order:
   save      (with --save DIR) the EMA transformer as a FluxPipeline folder with the checkpoint grammar's
             tokenizers, the extended text encoders and vocabulary.json
 
-CHECKPOINT holds what a later session needs and can be committed (~40 MB: model, EMA, Adam moments,
-text encoders, VAE); the latent cache is rebuilt from seeds when missing.
+CHECKPOINT holds what a later session needs to go on training (model, EMA, Adam moments, text
+encoders, VAE); the latent cache is rebuilt from seeds when missing. Neither is in the source tree
+(default_model/checkpoints/ is git-ignored; nothing in meshdit/ or tests/ reads it). To regenerate the
+checkpoint the shipped weights came from, run the model card's "Stage 2" commands in order, starting with
+`--init-from` the first release's weights (meshdit/default_model/weights/README.md, Training: it lists every
+segment's command and schedule); the last committed copy (step 55,959) is in git history at commit 5cad6ec
+(`git checkout 5cad6ec -- default_model/checkpoints`).
 """
 
 from __future__ import annotations

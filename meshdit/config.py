@@ -38,15 +38,14 @@ IMAGE_AXES = (MeshAxis.CFG, MeshAxis.PP, MeshAxis.RING, MeshAxis.ULYSSES)  # fla
 
 # torch.compile backends --compile offers (the API takes any registered backend name).
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
-MAX_SIDE = 8192  # pixels; larger sides are refused before anything allocates (a 100000 px side wanted 5 GB)
+MAX_SIDE = 8192  # pixels; larger sides are refused before anything allocates (a 100000 px side asks for gigabytes)
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
 
 # The bundled model's own settings, as the help texts quote them (meshdit/default_model/__init__.py).
 BUNDLED = "meshdit's bundled model"
 PIPEFUSION_WARMUP_COST = (
-    "with 1 warmup step of 20 the README's prompt on the bundled model gives 42.4 dB PSNR against serial at "
-    "256x256, and its held-out prompts 25.9 dB at 512x512, 40.9 dB with 5 warmup steps; --warmup-steps equal "
-    "to --steps gives the serial image exactly")
+    "fewer warmup steps than steps leave a bounded error against serial, measured in docs/pipefusion.md; "
+    "--warmup-steps equal to --steps gives the serial image exactly")
 
 
 @dataclass(frozen=True)
@@ -76,7 +75,7 @@ class ParallelConfig:
         None, flag="compile", aliases=("use-torch-compile", "use_torch_compile"), nargs="?", const="inductor",
         choices=COMPILE_BACKENDS, metavar="BACKEND",
         help="torch.compile each transformer block (regional compilation) with BACKEND, inductor when none is "
-             "given; the first generate pays the compilation (README \"Compiled blocks\") (default: off, eager)")
+             "given; the first generate pays the compilation (docs/compile.md) (default: off, eager)")
 
     @property
     def world_size(self) -> int:
@@ -187,7 +186,7 @@ class GenerateRequest:
         True, flag="no-kv-drift-correction", action="store_true", cli_default=False, to_field=lambda off: not off,
         help="PipeFusion: attend to the later patches' stale values as last computed, as published, instead of "
              "shifted by the mean change this step's fresh patch measured in its own (default: shifted; "
-             "README, \"PipeFusion's error\")")
+             "docs/pipefusion.md)")
     num_frames: int | None = flagged(
         None, flag="num-frames", type=int, metavar="F",
         help="video models: frames per video, >= 1; the VAE may need a particular count (Wan: 4k + 1) "

@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 
 from .errors import ConfigError
 
-HUB_PROBE_SECONDS = 3.0  # without it an unreachable Hub costs ~23 s of retries before the error
+HUB_PROBE_SECONDS = 3.0  # without it an unreachable Hub costs far longer in retries (docs/install.md)
 
 
 def read_prompt_file(path: str) -> list[str]:

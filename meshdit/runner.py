@@ -44,8 +44,8 @@ def run_generate(job: GenerateJob) -> None:
     device = init_distributed()
     if device.type == "cpu":
         # One thread per rank unless OMP_NUM_THREADS says otherwise: small models run fastest so, and
-        # several threads per rank on a busy machine oversubscribe its cores (measured 1.4 s vs 45 s
-        # for the default model with 2 threads while another process held one of 2 cores).
+        # several threads per rank on a busy machine oversubscribe its cores (docs/install.md, "Devices,
+        # dtypes and threads").
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
     mesh = ParallelMesh.build(job.config, device)
     start = time.perf_counter()

@@ -13,7 +13,7 @@ from tests import sp_jobs
 STEPS = 4
 SIZE = (36, 44)  # 9 x 11 image tokens: patches of uneven height
 # Error bound of stale K/V with one warmup step, as PSNR of the image against the serial image
-# (pixels in [0, 1]). Measured 61-93 dB on these tiny random models (README); the bound keeps margin.
+# (pixels in [0, 1]). Measured 61-93 dB on these tiny random models (docs/pipefusion.md); the bound keeps margin.
 MIN_PSNR_DB = 50.0
 # HunyuanDiT's tiny model (DDIM, v-prediction, 4 steps 250 timesteps apart) changes more from step to step,
 # so its K/V go staler: measured 49-51 dB with the drift correction, 35-37 dB without (74-78 dB with 3

@@ -12,8 +12,7 @@ tokens of the call is subtracted (a channel-wise offset that FP8 would otherwise
 its 3 mantissa bits on) and added back exactly: every score of a query row moves by the
 same q·mean(K), so the probabilities are unchanged and only the log-sum-exp takes that
 shift back (in float32); the probabilities sum to 1, so the output takes mean(V) back.
-On the bundled model this lifts images from 36.3 to 39.5 dB PSNR against fp32
-(python -m benchmarks.fp8_default_model, before and after).
+What this gains on the bundled model is measured in docs/fp8.md ("--attention-backend fp8").
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from .ulysses import heads_to_seq, pipelined_ulysses_attention, seq_to_heads, se
 ULYSSES_CHUNKS = 1
 """Head groups that Ulysses-only attention sends one after another, so that messages overlap attention
 (1: one all-to-all for q/k/v and one for the output, nothing overlapped). 1 by default: on gloo two
-groups measured slower (twice the collectives, each a rendezvous; README Figures); not measured on NCCL."""
+groups were slower (twice the collectives, each a rendezvous; docs/figures.md); not measured on NCCL."""
 
 
 @dataclass(frozen=True)

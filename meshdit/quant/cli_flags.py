@@ -8,7 +8,7 @@ from .settings import Fp8Config
 
 
 def add_fp8_flags(parser: argparse.ArgumentParser) -> None:
-    add_settings_flags(parser.add_argument_group("FP8 (README \"FP8\": each option's measured error)"), Fp8Config)
+    add_settings_flags(parser.add_argument_group("FP8 (docs/fp8.md: each option's measured error)"), Fp8Config)
 
 
 def fp8_config_from_args(args, pipefusion_degree: int | None = None) -> Fp8Config | None:

@@ -11,7 +11,7 @@ ATTENTION_BACKENDS = ("sdpa", "fp8")
 
 @dataclass(frozen=True)
 class Fp8Config:
-    """Each field carries its `meshdit generate` flag (README "FP8": each option's measured error)."""
+    """Each field carries its `meshdit generate` flag (docs/fp8.md: each option's measured error)."""
 
     gemm: bool = flagged(
         False, flag="fp8-gemm", aliases=("use_fp8_gemms", "use-fp8-gemms"), action="store_true",

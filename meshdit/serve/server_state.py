@@ -89,7 +89,7 @@ class ServerState:
         pipe = engine.pipe
         # Copies: a fast tokenizer keeps its padding / truncation settings as state that every call sets,
         # so HTTP threads counting tokens on the pipeline's own tokenizer race the rank loop's encode_prompt
-        # (measured: 184 of 3000 padded encodings came out unpadded beside 4 counting threads).
+        # (seen: padded encodings came out unpadded beside counting threads; docs/figures.md).
         self.tokenizers = [copy.deepcopy(getattr(pipe, n)) for n in ("tokenizer", "tokenizer_2", "tokenizer_3")
                            if getattr(pipe, n, None) is not None]
         self.ready = True

@@ -2,7 +2,7 @@
 
 The transformer output is the guided noise prediction of every step (so errors
 that feed back through the latents count). Bounds are about 2x the largest error
-measured on these tiny models (README "FP8").
+measured on these tiny models (docs/fp8.md).
 """
 import pytest
 import torch

@@ -16,7 +16,7 @@ from tests.quant import jobs
 from tests.quant.test_fp8_layouts import world
 
 # Relative error of the guided predictions against the same layout with float32 buffers: measured
-# 5.1e-4 (pp2), 6.1e-4 (pp2, 3 patches), README "FP8". The bound keeps 2x-4x margin.
+# 5.1e-4 (pp2), 6.1e-4 (pp2, 3 patches), docs/fp8.md. The bound keeps 2x-4x margin.
 STALE_KV_BOUND = 0.002
 # Bytes against float32 buffers: FP8 values (1/4) and a float32 scale per head_dim values; the tiny
 # model's head_dim 16 makes that 0.3125 (head_dim 64: 0.27; 128 in bfloat16: 0.52 of bfloat16's).

@@ -1,4 +1,4 @@
-"""FP8 pieces against float32: measured error bounds (README "FP8"), broken scales caught, options off exact."""
+"""FP8 pieces against float32: measured error bounds (docs/fp8.md), broken scales caught, options off exact."""
 import pytest
 import torch
 

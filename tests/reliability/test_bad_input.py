@@ -1,6 +1,6 @@
 """Bad input is refused before any rank starts: exit status 2, a message naming the flag, in under 0.5 s,
 no rank spawned, no earlier output touched, nothing left behind, and neither torch, diffusers, transformers
-nor numpy imported (README: a refused command returns in under 0.5 s)."""
+nor numpy imported (docs/generate.md: a refused command returns in under 0.5 s)."""
 import json
 import os
 import socket

@@ -195,7 +195,7 @@ def _parallel_peak(kind, ranks, shape):
 
 
 def test_parallel_peak_falls_with_rank_count(run_ranks):
-    # Wan here; CogVideoX and LTX shrink too (figures in the README). HunyuanVideo (1.0 and 1.5) does not:
+    # Wan here; CogVideoX and LTX shrink too (figures in docs/figures.md). HunyuanVideo (1.0 and 1.5) does not:
     # its mid-block attention over the whole latent video runs gathered on every rank and dominates the
     # tiny VAE's peak.
     kind, shape = "Wan", (1, 2, 32, 32)   # 5 x 128 x 128 px

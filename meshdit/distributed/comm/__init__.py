@@ -19,11 +19,10 @@ Wire codec: a caller passes `codec` (or PipeChannel's `codec_for`); only here is
 applied (meshdit.quant.codec's FP8 codec: Ulysses' all-to-all, the ring's K/V, the
 pipeline's stage traffic); what travels and is counted is its bytes.
 
-The gloo rules (measured with benchmarks/gloo_p2p.py, torch 2.13, two CPU ranks, the
-receiver posting its receive 1 s late, messages from 4 B to 64 MiB, same at every size):
-- a blocking `send` returns only once the peer has posted the matching receive (1.00 s);
-- `isend` returns at once (0.1-0.3 ms) but its work is not completed until the peer posts
-  the receive: wait() returns after 1.00 s. Nothing is buffered eagerly, even 4 bytes;
+The gloo rules (benchmarks/gloo_p2p.py; its timings are in docs/ARCHITECTURE.md, "Communication"):
+- a blocking `send` returns only once the peer has posted the matching receive;
+- `isend` returns at once but its work is not completed until the peer posts the receive:
+  wait() returns only then. Nothing is buffered eagerly, whatever the message size;
 - so a cycle of blocking sends (every rank sends before it receives) deadlocks, until the
   group's timeout. Hence: ring and halo sends are posted together with their receives
   (batch_isend_irecv), pipeline sends are isends waited for at the end (the last stage's
