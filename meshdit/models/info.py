@@ -137,10 +137,22 @@ class ModelInfo:
         if limit is not None and tokens > limit:
             raise ConfigError(f"--max-sequence-length {tokens} exceeds what this {self.pipeline_class}'s text encoder "
                               f"takes ({limit} tokens): use --max-sequence-length <= {limit}.")
+        self.check_call_arguments(request)
         self.check_frames_and_image(request)
         self.check(config, request.height, request.width, request.guidance_scale,
                    num_images or len(request.prompts) * request.num_images_per_prompt, request.patches(config),
                    request.num_frames)
+
+    def check_call_arguments(self, request: GenerateRequest) -> None:
+        """request.extra holds max_sequence_length and the family's call_arguments only: any other key would
+        be ignored, and a pipeline argument the result depends on silently dropped."""
+        known = ("max_sequence_length",) + self.family.call_arguments
+        for key in request.extra:
+            if key not in known:
+                takes = ", ".join(self.family.call_arguments) or "none"
+                raise ConfigError(f"--extra {key}: meshdit does not pass {key!r} to this {self.pipeline_class} "
+                                  f"(the --extra keys it takes: {takes}); drop it, or use the flag for it "
+                                  "(meshdit generate --help).")
 
     def check_frames_and_image(self, request: GenerateRequest) -> None:
         """--num-frames, --fps and --image against what the pipeline makes (images, videos, from an image)."""
