@@ -125,9 +125,10 @@ class Engine:
             return
         unknown = [w for w in self._vocabulary.unknown_words(prompts) if w not in self._warned_words]
         plain = self._vocabulary.needs_plain_text(prompts) and "" not in self._warned_words
-        if unknown or plain:
-            self._warned_words.update(unknown + ([""] if plain else []))
-            warnings.warn(self._vocabulary.message(unknown, plain), UnknownWordsWarning, stacklevel=3)
+        lost = [p for p in self._vocabulary.prompts_without_known_words(prompts) if "\0" + p not in self._warned_words]
+        if unknown or plain or lost:
+            self._warned_words.update(unknown + ([""] if plain else []) + ["\0" + p for p in lost])
+            warnings.warn(self._vocabulary.message(unknown, plain, lost), UnknownWordsWarning, stacklevel=3)
 
     def close(self) -> None:
         """Removes the parallel hooks. Under PipeFusion the other stages' blocks are gone for good."""
