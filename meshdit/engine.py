@@ -65,18 +65,24 @@ class Engine:
     @classmethod
     def from_pretrained(cls, model: str | None = None, mesh: ParallelMesh | None = None, torch_dtype=None,
                         vae: VaeDecodeSettings | None = None, show_progress: bool = False,
-                        loading=None, fp8=None, device=None) -> "Engine":
+                        loading=None, fp8=None, device=None, verbose: bool = False) -> "Engine":
         """`model`: a pipeline folder or Hub id; None: meshdit's bundled model (with its own size, steps and
         guidance as request defaults). Loading progress bars show only with show_progress=True.
         `loading`: LoadOptions (memory-efficient load, text-encoder placement); `fp8`: Fp8Config.
         `device` (no mesh only): e.g. "cpu" or "cuda:1"; unset, a visible GPU, else the CPU (engine_device);
-        `engine.device` and each GenerateResult.device say which."""
+        `engine.device` and each GenerateResult.device say which. Unless verbose, library warnings stay quiet
+        as in `meshdit generate`. A model that is not there is one ConfigError naming it, agreed over the mesh."""
         from .loading.entry import load_pipeline
+        from .logs import quiet_libraries
+        from .rank_errors import agreed
+
+        quiet_libraries(verbose)
 
         if model is None:
             from .default_model import weights_path
 
             model = str(weights_path())
+        agreed(lambda: ModelInfo.from_pretrained(model), mesh)  # before any weight is read
         device = engine_device(mesh, device)
         if mesh is None:
             logging.getLogger("meshdit").info("meshdit: running %s on %s", model, device)
