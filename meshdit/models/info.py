@@ -252,6 +252,23 @@ class ModelInfo:
             raise ConfigError(
                 f"{height}x{width} exceeds this model's positional embedding ({max_patches} patches per side): "
                 f"use height and width <= {max_patches * multiple}.")
+        self._check_rotary_table(height // multiple, width // multiple, frames, multiple)
+
+    def _check_rotary_table(self, rows: int, cols: int, frames: int, multiple: int) -> None:
+        """A rotary table of rope_max_seq_len positions per axis (Wan: frames, rows and columns of tokens) covers
+        no larger grid: the model's own forward would fail reshaping it, on every rank."""
+        limit = self.transformer_config.get("rope_max_seq_len")
+        if not limit or max(rows, cols, frames) <= limit:
+            return
+        if max(rows, cols) > limit:
+            raise ConfigError(
+                f"{rows * multiple}x{cols * multiple} gives {rows} x {cols} tokens, more per side than this model's "
+                f"rotary table covers ({limit} positions per axis, its transformer's rope_max_seq_len): use "
+                f"--height and --width <= {limit * multiple}.")
+        raise ConfigError(
+            f"--num-frames gives {frames} latent frames, more than this model's rotary table covers ({limit} "
+            f"positions per axis, its transformer's rope_max_seq_len): use --num-frames <= "
+            f"{(limit * self.family.temporal_patch(self.transformer_config) - 1) * self.vae_temporal_factor + 1}.")
 
     def check_layout(self, config: ParallelConfig) -> None:
         """The checks that need the layout and the model alone (no request): the Python API runs them
