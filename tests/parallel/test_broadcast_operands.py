@@ -40,3 +40,27 @@ def test_one_row_rotary_equals_serial(run_ranks, degrees):
                                                    steps=STEPS, timeout=120)):
         assert image.shape == ref.shape
         assert np.abs(image - ref).max() <= 1e-5 * np.abs(ref).max(), f"rank {rank}"
+
+
+def one_text_token_image(degrees: dict):
+    """Flux with one text token: a stream's own single token, which is split (one rank holds it), not a table."""
+    from dataclasses import replace
+
+    from meshdit.engine import Engine
+    from meshdit.testing.rank_pool import mesh_for
+    from meshdit.testing.tiny_models import tiny_pipeline
+
+    config, settings = split_layout(degrees)
+    engine = Engine(tiny_pipeline("flux"), mesh_for(config) if config.world_size > 1 else None)
+    try:
+        request = replace(sp_jobs.request("flux", 32, 32, **settings), extra={"max_sequence_length": 1})
+        return engine.generate(request).images
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("degrees", [dict(ulysses_degree=2), dict(ring_degree=2)], ids=["u2", "r2"])
+def test_a_stream_of_one_token_is_still_split(run_ranks, degrees):
+    ref = one_text_token_image({})
+    for rank, image in enumerate(run_ranks(2, one_text_token_image, degrees, timeout=120)):
+        assert np.abs(image - ref).max() <= 1e-5 * np.abs(ref).max(), f"rank {rank}"
