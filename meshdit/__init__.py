@@ -22,12 +22,21 @@ __version__ = "0.1.0"
 __getattr__ = lazy_names(__name__, _LAZY)
 
 
-def init(config: ParallelConfig) -> "ParallelMesh":
-    """Joins the process group (from torchrun's env, or a world of one) and builds the mesh."""
-    from .distributed.mesh import ParallelMesh, init_distributed
+def init(config: ParallelConfig, verbose: bool = False) -> "ParallelMesh":
+    """Joins the process group (from torchrun's env, or a world of one) and builds the mesh.
+
+    Unless verbose, library warnings stay quiet as in `meshdit generate` (meshdit.logs), and an uncaught
+    ConfigError is one line from the output rank instead of a traceback per rank (meshdit.rank_errors)."""
+    from .logs import quiet_libraries
 
     config.validate()
-    return ParallelMesh.build(config, init_distributed())
+    quiet_libraries(verbose)
+    from .distributed.mesh import ParallelMesh, init_distributed
+    from .rank_errors import report_once
+
+    mesh = ParallelMesh.build(config, init_distributed())
+    report_once(mesh.is_output_rank)
+    return mesh
 
 
 def shutdown() -> None:

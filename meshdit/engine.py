@@ -1,6 +1,7 @@
 """Engine: one pipeline, parallelized over a mesh, generating images from requests."""
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from contextlib import contextmanager
@@ -24,6 +25,22 @@ class GenerateResult:
     images: object  # what the pipeline's processor returns for output_type: np.ndarray [N, H, W, 3] (videos:
     # [N, F, H, W, 3]) or PIL
     seconds: dict[str, float] = field(default_factory=dict)  # prepare / denoise / decode
+    device: str = "cpu"  # where this rank ran it, e.g. "cuda:0"
+
+
+def engine_device(mesh: ParallelMesh | None, device=None) -> torch.device:
+    """Where Engine.from_pretrained loads: the mesh's device; without a mesh the `device` asked for, else the
+    GPU where one is visible (CUDA or ROCm: cuda:<current>), as diffusers users would `.to("cuda")`, else CPU."""
+    if mesh is not None:
+        if device is not None and torch.device(device) != mesh.device:
+            raise ConfigError(f"device={device!r} differs from the mesh's {mesh.device}: a mesh decides each rank's "
+                              "device; drop device=.")
+        return mesh.device
+    if device is not None:
+        return torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 class Engine:
@@ -48,22 +65,37 @@ class Engine:
     @classmethod
     def from_pretrained(cls, model: str | None = None, mesh: ParallelMesh | None = None, torch_dtype=None,
                         vae: VaeDecodeSettings | None = None, show_progress: bool = False,
-                        loading=None, fp8=None) -> "Engine":
+                        loading=None, fp8=None, device=None, verbose: bool = False) -> "Engine":
         """`model`: a pipeline folder or Hub id; None: meshdit's bundled model (with its own size, steps and
         guidance as request defaults). Loading progress bars show only with show_progress=True.
-        `loading`: LoadOptions (memory-efficient load, text-encoder placement); `fp8`: Fp8Config."""
+        `loading`: LoadOptions (memory-efficient load, text-encoder placement); `fp8`: Fp8Config.
+        `device` (no mesh only): e.g. "cpu" or "cuda:1"; unset, a visible GPU, else the CPU (engine_device);
+        `engine.device` and each GenerateResult.device say which. Unless verbose, library warnings stay quiet
+        as in `meshdit generate`. A model that is not there is one ConfigError naming it, agreed over the mesh."""
         from .loading.entry import load_pipeline
+        from .logs import quiet_libraries
+        from .rank_errors import agreed
+
+        quiet_libraries(verbose)
 
         if model is None:
             from .default_model import weights_path
 
             model = str(weights_path())
-        device = mesh.device if mesh is not None else torch.device("cpu")
+        agreed(lambda: ModelInfo.from_pretrained(model), mesh)  # before any weight is read
+        device = engine_device(mesh, device)
+        if mesh is None:
+            logging.getLogger("meshdit").info("meshdit: running %s on %s", model, device)
         vae_here = decodes_here(vae or VaeDecodeSettings(), mesh.group("image") if mesh is not None else None)
         with _progress_bars(show_progress):
             pipe = load_pipeline(model, device, torch_dtype, mesh, loading, vae_here=vae_here,
                                  fp8_gemm=fp8 is not None and fp8.gemm)
         return cls(pipe, mesh, vae, fp8)
+
+    @property
+    def device(self) -> torch.device:
+        """Where this rank runs the pipeline."""
+        return self.mesh.device
 
     def resolve(self, request: GenerateRequest) -> GenerateRequest:
         """The request with unset values from this model's defaults (the same ones `meshdit generate` uses)."""
@@ -117,7 +149,8 @@ class Engine:
         seconds["decode"] = time.perf_counter() - start - seconds["prepare"] - seconds["denoise"]
         seconds["total"] = time.perf_counter() - start
         offsets = np.cumsum([0] + counts)
-        return [GenerateResult(images[a:b], dict(seconds)) for a, b in zip(offsets[:-1], offsets[1:])]
+        return [GenerateResult(images[a:b], dict(seconds), str(self.mesh.device))
+                for a, b in zip(offsets[:-1], offsets[1:])]
 
     def _warn_unknown_words(self, prompts: list[str]) -> None:
         """UnknownWordsWarning once per word (on the output rank), for models that ship vocabulary.json."""
@@ -125,9 +158,10 @@ class Engine:
             return
         unknown = [w for w in self._vocabulary.unknown_words(prompts) if w not in self._warned_words]
         plain = self._vocabulary.needs_plain_text(prompts) and "" not in self._warned_words
-        if unknown or plain:
-            self._warned_words.update(unknown + ([""] if plain else []))
-            warnings.warn(self._vocabulary.message(unknown, plain), UnknownWordsWarning, stacklevel=3)
+        lost = [p for p in self._vocabulary.prompts_without_known_words(prompts) if "\0" + p not in self._warned_words]
+        if unknown or plain or lost:
+            self._warned_words.update(unknown + ([""] if plain else []) + ["\0" + p for p in lost])
+            warnings.warn(self._vocabulary.message(unknown, plain, lost), UnknownWordsWarning, stacklevel=3)
 
     def close(self) -> None:
         """Removes the parallel hooks. Under PipeFusion the other stages' blocks are gone for good."""

@@ -13,6 +13,7 @@ import argparse
 import re
 
 from .config import BUNDLED, GenerateRequest, ParallelConfig
+from .errors import ConfigError
 from .flag_spec import cli_default, flag_specs
 
 
@@ -98,6 +99,10 @@ def add_request_flags(parser) -> None:
     flag(group, "max-sequence-length", type=int, default=None, metavar="T",
          help=f"text tokens per prompt, >= 1 and <= 512 for T5 encoders (FLUX.1, SD3) "
               f"(default: the pipeline's, e.g. FLUX.1 512; {BUNDLED}: 32)")
+    flag(group, "extra", action="append", default=None, metavar="KEY=JSON",
+         help="a pipeline __call__ argument without a flag of its own, its value in JSON, repeatable; "
+              "the family's keys only (HunyuanVideo: prompt_template, LTX: decode_timestep, decode_noise_scale), "
+              "e.g. --extra 'prompt_template={\"template\": \"{}\", \"crop_start\": 0}' (default: none)")
 
 
 def add_output_flags(parser) -> None:
@@ -116,5 +121,26 @@ def layout_from_args(args) -> tuple[ParallelConfig, "VaeDecodeSettings"]:  # noq
 
 def request_from_args(args, prompts: list[str]) -> GenerateRequest:
     """The request as the flags give it; unset values stay None until the model's defaults fill them."""
-    extra = {} if args.max_sequence_length is None else {"max_sequence_length": args.max_sequence_length}
+    extra = parse_extra(getattr(args, "extra", None))
+    if args.max_sequence_length is not None:
+        extra["max_sequence_length"] = args.max_sequence_length
     return settings_from_args(GenerateRequest, args, prompt=prompts, extra=extra)
+
+
+def parse_extra(items: list[str] | None) -> dict:
+    """--extra KEY=JSON items -> {KEY: value}; which keys a model takes is ModelInfo.check_call_arguments'."""
+    import json
+
+    extra = {}
+    for item in items or ():
+        key, sep, text = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"--extra {item!r}: write KEY=JSON, e.g. --extra decode_timestep=0.05.")
+        if key == "max_sequence_length":
+            raise ConfigError("--extra max_sequence_length: use --max-sequence-length.")
+        try:
+            extra[key] = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"--extra {key}: its value {text!r} is not JSON ({exc}); quote text as JSON, "
+                              f"e.g. --extra '{key}=\"text\"'.") from None
+    return extra

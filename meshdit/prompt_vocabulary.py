@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,8 +23,10 @@ class UnknownWordsWarning(UserWarning):
 
 
 def prompt_words(prompt: str) -> list[str]:
-    """Lower-case words and numbers; case and punctuation are not words."""
-    return re.findall(r"[a-z0-9]+", prompt.lower())
+    """Lower-case words and numbers in any script ("carrés" is one word, however its accent was typed); case and
+    punctuation are not words. Scripts written without spaces (Chinese, Japanese) give one word per run between
+    spaces or punctuation: no dictionary cuts them further."""
+    return re.findall(r"[^\W_]+", unicodedata.normalize("NFC", prompt).lower())
 
 
 @dataclass(frozen=True)
@@ -47,15 +50,22 @@ class PromptVocabulary:
         """The prompts' words this model never saw, each once, in order of appearance."""
         return list(dict.fromkeys(w for p in prompts for w in prompt_words(p) if w not in self.words))
 
+    def prompts_without_known_words(self, prompts: list[str]) -> list[str]:
+        """The prompts of which this model knows no word at all (e.g. in another language or script)."""
+        return [p for p in prompts if not any(w in self.words for w in prompt_words(p))]
+
     def needs_plain_text(self, prompts: list[str]) -> bool:
         """Whether a prompt has upper case or punctuation that this model cannot read."""
         return not self.reads_case_and_punctuation and any(re.search(r"[A-Z]|[^\w\s]", p) for p in prompts)
 
-    def message(self, unknown: list[str], plain_text: bool = False) -> str:
+    def message(self, unknown: list[str], plain_text: bool = False, without_known_words: list[str] = ()) -> str:
         lines = []
         if unknown:
             lines.append("this model never saw the word(s) " + ", ".join(f'"{w}"' for w in unknown)
                          + " in training; it reads them as noise (the image is still made).")
+        if without_known_words:
+            lines.append("It knows no word at all of the prompt(s) " + ", ".join(f'"{p}"' for p in without_known_words)
+                         + ": their images will not follow them.")
         if plain_text:
             lines.append("this model reads lower-case words without punctuation: upper case and punctuation "
                          "reach it as unknown tokens.")
@@ -67,7 +77,8 @@ class PromptVocabulary:
     def warning(self, prompts: list[str]) -> str | None:
         """The warning for these prompts, or None when the model knows every word."""
         unknown, plain = self.unknown_words(prompts), self.needs_plain_text(prompts)
-        return self.message(unknown, plain) if unknown or plain else None
+        lost = self.prompts_without_known_words(prompts)
+        return self.message(unknown, plain, lost) if unknown or plain or lost else None
 
 
 def unknown_words_warning(model: str, prompts: list[str]) -> str | None:

@@ -50,7 +50,7 @@ def run_generate(job: GenerateJob) -> None:
     mesh = ParallelMesh.build(job.config, device)
     start = time.perf_counter()
     engine = Engine.from_pretrained(job.model, mesh, getattr(torch, job.dtype) if job.dtype in DTYPES else None,
-                                    job.vae, job.verbose, loading=job.loading, fp8=job.fp8)
+                                    job.vae, job.verbose, loading=job.loading, fp8=job.fp8, verbose=job.verbose)
     load_s = time.perf_counter() - start
     with warnings.catch_warnings():  # the CLI warned about unknown words before the ranks started
         warnings.simplefilter("ignore", UnknownWordsWarning)

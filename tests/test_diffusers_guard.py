@@ -19,6 +19,7 @@ PROMPT = "a red cat on a blue square"
 SIZE = dict(height=64, width=48, num_inference_steps=2)
 TEXT = 16  # max_sequence_length, kept small for speed
 PROMPT15 = 'a red cat saying "hi"'  # HunyuanVideo 1.5 encodes quoted text with ByT5 too
+HUNYUANVIDEO_TEMPLATE = {"template": "{}", "crop_start": 0}
 FLUX2_EMBEDS = torch.randn(1, 5, 32, generator=torch.Generator().manual_seed(7))  # tiny FLUX.2 has no text encoder
 
 # name -> (pipeline builder, diffusers __call__ kwargs, meshdit guidance_scale, meshdit request extras)
@@ -71,6 +72,11 @@ CASES = {
     # (embedded guidance), or without guidance_embeds true CFG with a negative prompt
     "hunyuanvideo": (lambda: tiny_pipeline("hunyuanvideo"),
                      dict(prompt=PROMPT, guidance_scale=6.0, num_frames=5, max_sequence_length=TEXT), 6.0, {}),
+    # the prompt_template of diffusers' own HunyuanVideo tests (meshdit: --extra prompt_template=...)
+    "hunyuanvideo-prompt-template": (lambda: tiny_pipeline("hunyuanvideo"),
+                                     dict(prompt=PROMPT, guidance_scale=6.0, num_frames=5, max_sequence_length=TEXT,
+                                          prompt_template=HUNYUANVIDEO_TEMPLATE), 6.0,
+                                     {"prompt_template": HUNYUANVIDEO_TEMPLATE}),
     "hunyuanvideo-true-cfg": (lambda: tiny_pipeline("hunyuanvideo-cfg"),
                               dict(prompt=PROMPT, negative_prompt="", true_cfg_scale=3.0, num_frames=5,
                                    max_sequence_length=TEXT), 3.0, {}),

@@ -68,3 +68,22 @@ def test_the_bundled_model_reads_natural_phrasing():
     bundled = PromptVocabulary.of_model(BUNDLED)
     assert bundled.unknown_words(["A blue square.", "a red circle", "On a black background, 3 yellow triangles",
                                   "a cat"]) == ["cat"]
+
+
+def test_words_of_other_scripts_and_accents_are_named_whole():
+    """Chinese runs and accented words are words: named as written (lower case), never cut at the accent."""
+    bundled = PromptVocabulary.of_model(BUNDLED)
+    decomposed = "carre\u0301s"  # "carrés" typed as e + combining acute accent
+    assert bundled.unknown_words(["deux carrés rouges", "一只红色的猫，在白色背景上", f"two {decomposed}"]) == [
+        "deux", "carrés", "rouges", "一只红色的猫", "在白色背景上"]
+    note = bundled.warning(["一只红色的猫"])
+    assert note is not None and '"一只红色的猫"' in note
+
+
+def test_a_prompt_without_any_known_word_is_said_so():
+    bundled = PromptVocabulary.of_model(BUNDLED)
+    note = bundled.warning(["deux carrés rouges", "two red squares", "🙂"])
+    assert 'It knows no word at all of the prompt(s) "deux carrés rouges", "🙂"' in note
+    assert "two red squares\"" not in note.split("It knows no word")[1].split(":")[0]
+    assert "no word at all" not in bundled.warning(["a cat and two red squares"])
+    assert bundled.warning(["two red squares"]) is None

@@ -18,12 +18,14 @@ def _long_skips(num_blocks: int) -> tuple[tuple[int, int], ...]:
 
 
 # Image tokens are sharded at the patch embedding's output, the rotary table (cos, sin), each
-# [S, D], with them; text stays whole on every rank (cross-attention needs no communication).
+# [S, D], with them (or kept whole where it has one row: the pipeline's grid assumes a VAE factor of 8,
+# and a smaller VAE can give a 1 x 1 grid, which the model broadcasts); text stays whole on every rank
+# (cross-attention needs no communication).
 PLAN = ModelPlan(
     SequencePlan(
         splits=(
             Split("pos_embed", OUTPUT, -2, "img"),
-            Split("", "image_rotary_emb", -2, "img"),
+            Split("", "image_rotary_emb", -2, "img", table=True),
         ),
         gathers=(Gather("proj_out", -2, "img"),),
         attention={

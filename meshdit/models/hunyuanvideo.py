@@ -48,10 +48,13 @@ class HunyuanVideoRecipe(VideoRecipe):
         pipe = self.pipe
         dtype = pipe.transformer.dtype
 
+        # the pipeline's prompt_template (--extra prompt_template=...), else encode_prompt's default
+        template = {"prompt_template": r.extra["prompt_template"]} if "prompt_template" in r.extra else {}
+
         def branch(prompts):
             embeds, pooled, mask = pipe.encode_prompt(  # [B, L, D], [B, P], [B, L]
                 prompt=prompts, num_videos_per_prompt=r.num_images_per_prompt, device=device,
-                max_sequence_length=r.extra["max_sequence_length"])
+                max_sequence_length=r.extra["max_sequence_length"], **template)
             return dict(encoder_hidden_states=embeds.to(dtype), encoder_attention_mask=mask.to(dtype),
                         pooled_projections=pooled.to(dtype))
 

@@ -137,10 +137,22 @@ class ModelInfo:
         if limit is not None and tokens > limit:
             raise ConfigError(f"--max-sequence-length {tokens} exceeds what this {self.pipeline_class}'s text encoder "
                               f"takes ({limit} tokens): use --max-sequence-length <= {limit}.")
+        self.check_call_arguments(request)
         self.check_frames_and_image(request)
         self.check(config, request.height, request.width, request.guidance_scale,
                    num_images or len(request.prompts) * request.num_images_per_prompt, request.patches(config),
                    request.num_frames)
+
+    def check_call_arguments(self, request: GenerateRequest) -> None:
+        """request.extra holds max_sequence_length and the family's call_arguments only: any other key would
+        be ignored, and a pipeline argument the result depends on silently dropped."""
+        known = ("max_sequence_length",) + self.family.call_arguments
+        for key in request.extra:
+            if key not in known:
+                takes = ", ".join(self.family.call_arguments) or "none"
+                raise ConfigError(f"--extra {key}: meshdit does not pass {key!r} to this {self.pipeline_class} "
+                                  f"(the --extra keys it takes: {takes}); drop it, or use the flag for it "
+                                  "(meshdit generate --help).")
 
     def check_frames_and_image(self, request: GenerateRequest) -> None:
         """--num-frames, --fps and --image against what the pipeline makes (images, videos, from an image)."""
@@ -240,6 +252,23 @@ class ModelInfo:
             raise ConfigError(
                 f"{height}x{width} exceeds this model's positional embedding ({max_patches} patches per side): "
                 f"use height and width <= {max_patches * multiple}.")
+        self._check_rotary_table(height // multiple, width // multiple, frames, multiple)
+
+    def _check_rotary_table(self, rows: int, cols: int, frames: int, multiple: int) -> None:
+        """A rotary table of rope_max_seq_len positions per axis (Wan: frames, rows and columns of tokens) covers
+        no larger grid: the model's own forward would fail reshaping it, on every rank."""
+        limit = self.transformer_config.get("rope_max_seq_len")
+        if not limit or max(rows, cols, frames) <= limit:
+            return
+        if max(rows, cols) > limit:
+            raise ConfigError(
+                f"{rows * multiple}x{cols * multiple} gives {rows} x {cols} tokens, more per side than this model's "
+                f"rotary table covers ({limit} positions per axis, its transformer's rope_max_seq_len): use "
+                f"--height and --width <= {limit * multiple}.")
+        raise ConfigError(
+            f"--num-frames gives {frames} latent frames, more than this model's rotary table covers ({limit} "
+            f"positions per axis, its transformer's rope_max_seq_len): use --num-frames <= "
+            f"{(limit * self.family.temporal_patch(self.transformer_config) - 1) * self.vae_temporal_factor + 1}.")
 
     def check_layout(self, config: ParallelConfig) -> None:
         """The checks that need the layout and the model alone (no request): the Python API runs them

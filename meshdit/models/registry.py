@@ -62,6 +62,9 @@ class ModelFamily:
     refused_transformer_config: dict[str, str] = field(default_factory=dict)
     """transformer/config.json keys that, when set (not null, not false), name a variant the plan does not
     cover -> why (CogVideoX 1.5's patch_size_t)."""
+    call_arguments: tuple[str, ...] = ()
+    """Pipeline __call__ arguments without a flag of their own that the recipe takes from GenerateRequest.extra
+    (`--extra KEY=JSON`; tests/models/test_call_arguments.py checks each is one of __call__'s)."""
 
     @property
     def is_video(self) -> bool:
@@ -121,7 +124,7 @@ FAMILIES = (
                 max_sequence_length_limit=512, default_sample_size=128, guidance_distilled="guidance_embeds"),
     ModelFamily("flux2", "Flux2Transformer2DModel", ("Flux2Pipeline",), "meshdit.models.flux2", packed=True,
                 default_steps=50, default_guidance=4.0, default_max_sequence_length=512, default_sample_size=128,
-                guidance_distilled=True),
+                guidance_distilled=True, call_arguments=("prompt_embeds",)),
     ModelFamily("sd3", "SD3Transformer2DModel", ("StableDiffusion3Pipeline",), "meshdit.models.sd3", packed=False,
                 default_steps=28, default_guidance=7.0, default_max_sequence_length=256,
                 max_sequence_length_limit=512),
@@ -142,7 +145,8 @@ FAMILIES = (
     # rotary positions, so default_fps is __call__'s frame_rate; tokens are VAE pixels x patch_size wide.
     ModelFamily("ltx", "LTXVideoTransformer3DModel", ("LTXPipeline",), "meshdit.models.ltx", packed=False,
                 default_steps=50, default_guidance=3.0, default_max_sequence_length=128, default_pixel_size=(512, 704),
-                default_num_frames=161, default_fps=25, vae_temporal_factor_key="temporal_compression_ratio"),
+                default_num_frames=161, default_fps=25, vae_temporal_factor_key="temporal_compression_ratio",
+                call_arguments=("decode_timestep", "decode_noise_scale")),
     # CogVideoX 1.0 text-to-video (2B: sin-cos positional table, which covers exactly 226 text tokens; 5B: 3-D
     # rotary embeddings, any text length). Text joins the video tokens in every attention. The pipeline defaults
     # size and frames from the transformer config (sample_height/width x 8, sample_frames: 480 x 720, 49 in 1.0);
@@ -162,7 +166,8 @@ FAMILIES = (
     ModelFamily("hunyuanvideo", "HunyuanVideoTransformer3DModel", ("HunyuanVideoPipeline",),
                 "meshdit.models.hunyuanvideo", packed=False, default_steps=50, default_guidance=6.0,
                 default_max_sequence_length=256, guidance_distilled="guidance_embeds", default_pixel_size=(720, 1280),
-                default_num_frames=129, default_fps=15, vae_temporal_factor_key="temporal_compression_ratio"),
+                default_num_frames=129, default_fps=15, vae_temporal_factor_key="temporal_compression_ratio",
+                call_arguments=("prompt_template",)),
     # HunyuanVideo 1.5 text-to-video: true CFG through the pipeline's guider; the text is always 1000 Qwen2.5-VL +
     # 256 ByT5 tokens (the pipeline's fixed lengths) + 729 image tokens, masked where padding, after the video
     # tokens in every attention. Size: the 16:9 bucket of the transformer's target_size (480p: 640, 720p: 960).

@@ -25,6 +25,10 @@ class Split:
     arg: str  # forward argument name, or OUTPUT
     dim: int  # sequence dim (negative counts from the end, so batched and unbatched ids both work)
     stream: str  # e.g. "img", "txt": attention layers name the streams their sequence holds
+    table: bool = False
+    """A per-token table the model broadcasts (rotary embeddings): of size 1 on `dim`, its one row serves every
+    token, so each rank and PipeFusion patch keeps it whole (HunyuanDiT's rotary grid of 1 x 1). A stream's own
+    tokens are never a table: one text token is still split, as the stream it is."""
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,9 @@ class _SequenceState:
         finally:
             self.patch = None
 
-    def split(self, x: torch.Tensor, dim: int, stream: str) -> torch.Tensor:
+    def split(self, x: torch.Tensor, dim: int, stream: str, table: bool = False) -> torch.Tensor:
+        if table and x.shape[dim] == 1:  # one row the model broadcasts over every token (Split.table)
+            return x
         self.full_lens[stream] = x.shape[dim]
         if self.patch is not None and stream == self.PATCHED_STREAM:
             start, stop = self.patch
@@ -326,17 +328,18 @@ def _hook_transformer(transformer: torch.nn.Module, plan: SequencePlan, state: _
         if split.arg == OUTPUT:
             def split_output(_mod, _args, out, split=split):
                 if isinstance(out, (tuple, list)):  # e.g. Wan's rope returns (cos, sin), each [1, S, 1, D]
-                    return type(out)(state.split(v, split.dim, split.stream) for v in out)
-                return state.split(out, split.dim, split.stream)
+                    return type(out)(state.split(v, split.dim, split.stream, split.table) for v in out)
+                return state.split(out, split.dim, split.stream, split.table)
             handles.append(module.register_forward_hook(split_output))
         else:
             def split_input(mod, args, kwargs, split=split):
                 named = _named_inputs(mod, args, kwargs)
                 value = named.get(split.arg)
                 if isinstance(value, (tuple, list)):  # e.g. HunyuanDiT's rotary (cos, sin), each [S, D]
-                    named[split.arg] = type(value)(state.split(v, split.dim, split.stream) for v in value)
+                    named[split.arg] = type(value)(state.split(v, split.dim, split.stream, split.table)
+                                                   for v in value)
                 elif value is not None:
-                    named[split.arg] = state.split(value, split.dim, split.stream)
+                    named[split.arg] = state.split(value, split.dim, split.stream, split.table)
                 return (), named
             handles.append(module.register_forward_pre_hook(split_input, with_kwargs=True))
 

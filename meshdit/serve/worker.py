@@ -50,7 +50,7 @@ def run_serve(settings: ServeSettings) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     engine = Engine.from_pretrained(settings.model, mesh, DTYPES.get(settings.dtype) if settings.dtype else None,
-                                    settings.vae)
+                                    settings.vae, verbose=settings.verbose)
     engine.pipe.set_progress_bar_config(disable=True)
     dist.barrier()  # loaded on every rank
     if state is None:

@@ -102,7 +102,9 @@ class RankPool:
             self.close(force=True)
             parts = [f"--- rank {r} raised:\n{tb}" for r, tb in sorted(errors.items())]
             if pending:
-                parts.append(f"--- ranks {sorted(pending)} did not finish within the timeout ({timeout:.0f} s)")
+                why = (f"still running {_GRACE_AFTER_FAILURE_S:.0f} s after the failure (stopped)" if errors
+                       else f"did not finish within the timeout ({timeout:.0f} s)")
+                parts.append(f"--- ranks {sorted(pending)} {why}")
             failed = sorted(errors) or sorted(pending)
             raise RankFailedError(f"{fn.__name__} failed on rank(s) {failed}:\n" + "\n".join(parts))
         return [results[r] for r in range(self.world_size)]

@@ -149,11 +149,13 @@ def bert_text_model(hidden: int = 32):
     return BertModel(cfg, add_pooling_layer=False).eval()
 
 
-def tiny_hunyuandit_pipeline(seed: int = 0, layers: int = 2, stochastic: bool = True):
+def tiny_hunyuandit_pipeline(seed: int = 0, layers: int = 2, stochastic: bool = True, vae_levels: int = 4):
     """With four blocks, block 3 takes block 0's output as a long skip (two blocks have none). Its VAE
     downsamples by 8 (the pipeline's rotary grid assumes 8) and its text lengths are the pipeline's fixed
     77 (BERT) + 256 (T5). stochastic: HunyuanDiT's own DDPM scheduler, which draws noise in every step;
-    else DDIM (eta 0), the same arithmetic without that noise."""
+    else DDIM (eta 0), the same arithmetic without that noise. vae_levels=2 (downsampling by 2, as in
+    diffusers' own HunyuanDiT tests: by 1) makes sizes under 32 px give a rotary table of one row, which the
+    model broadcasts over every token."""
     from diffusers import DDIMScheduler, DDPMScheduler, HunyuanDiT2DModel, HunyuanDiTPipeline
 
     torch.manual_seed(seed)
@@ -166,7 +168,8 @@ def tiny_hunyuandit_pipeline(seed: int = 0, layers: int = 2, stochastic: bool = 
                     prediction_type="v_prediction", steps_offset=1, timestep_spacing="leading")
     scheduler = DDPMScheduler(**schedule) if stochastic else DDIMScheduler(**schedule, set_alpha_to_one=False)
     return HunyuanDiTPipeline(
-        vae=tiny_vae(shift_factor=None, block_out_channels=(8, 16, 16, 16)), text_encoder=bert_text_model(32),
+        vae=tiny_vae(shift_factor=None, block_out_channels=(8, 16, 16, 16)[:vae_levels]),
+        text_encoder=bert_text_model(32),
         tokenizer=bert_tokenizer(), transformer=transformer, scheduler=scheduler, safety_checker=None,
         feature_extractor=None, requires_safety_checker=False, text_encoder_2=t5_text_model(32),
         tokenizer_2=t5_tokenizer(),
@@ -428,6 +431,9 @@ BUILDERS = {
     "pixart-sigma-4blocks": lambda seed=0: tiny_pixart_pipeline(seed, layers=4),
     # DDIM: after PipeFusion's warmup each patch steps alone, and DDPM would draw other noise for it
     "hunyuandit-4blocks": lambda seed=0: tiny_hunyuandit_pipeline(seed, layers=4, stochastic=False),
+    # 4-pixel tokens: under 32 px its rotary table has one row (broadcast over the tokens)
+    "hunyuandit-vae2-4blocks": lambda seed=0: tiny_hunyuandit_pipeline(seed, layers=4, stochastic=False,
+                                                                       vae_levels=2),
     "wan-4blocks": lambda seed=0: tiny_wan_pipeline(seed, layers=4),
     "wan-i2v-4blocks": lambda seed=0: tiny_wan_i2v_pipeline(seed, layers=4),
     "ltx-4blocks": lambda seed=0: tiny_ltx_pipeline(seed, layers=4),
