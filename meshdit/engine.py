@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .config import GenerateRequest
+from .config import GenerateRequest, ParallelConfig
+from .engine_settings import EngineSettings
 from .errors import ConfigError
 from .distributed.mesh import ParallelMesh, SingleProcessMesh
+from .loading.options import LoadOptions
 from .models.info import ModelInfo
 from .parallel.parallelize import parallelize
 from .prompt_vocabulary import PromptVocabulary, UnknownWordsWarning
@@ -51,19 +53,30 @@ class Engine:
                         loading=None, fp8=None) -> "Engine":
         """`model`: a pipeline folder or Hub id; None: meshdit's bundled model (with its own size, steps and
         guidance as request defaults). Loading progress bars show only with show_progress=True.
-        `loading`: LoadOptions (memory-efficient load, text-encoder placement); `fp8`: Fp8Config."""
-        from .loading.entry import load_pipeline
-
+        `loading`: LoadOptions (memory-efficient load, text-encoder placement); `fp8`: Fp8Config.
+        The same as `from_settings(EngineSettings(...), mesh)`, which the CLI's ranks call."""
         if model is None:
             from .default_model import weights_path
 
             model = str(weights_path())
+        settings = EngineSettings(model, mesh.config if mesh is not None else ParallelConfig(),
+                                  EngineSettings.dtype_name(torch_dtype), vae or VaeDecodeSettings(),
+                                  loading or LoadOptions(), fp8, show_progress)
+        return cls.from_settings(settings, mesh)
+
+    @classmethod
+    def from_settings(cls, settings: EngineSettings, mesh: ParallelMesh | None = None) -> "Engine":
+        """The engine `settings` describe, on `mesh` (whose layout is settings.config; None: one process).
+        Every engine setting is applied here, for `meshdit generate`, `meshdit serve` and the Python API alike."""
+        from .loading.entry import load_pipeline
+
         device = mesh.device if mesh is not None else torch.device("cpu")
-        vae_here = decodes_here(vae or VaeDecodeSettings(), mesh.group("image") if mesh is not None else None)
-        with _progress_bars(show_progress):
-            pipe = load_pipeline(model, device, torch_dtype, mesh, loading, vae_here=vae_here,
-                                 fp8_gemm=fp8 is not None and fp8.gemm)
-        return cls(pipe, mesh, vae, fp8)
+        vae_here = decodes_here(settings.vae, mesh.group("image") if mesh is not None else None)
+        fp8 = settings.fp8 if settings.fp8 else None
+        with _progress_bars(settings.verbose):
+            pipe = load_pipeline(settings.model, device, settings.torch_dtype(), mesh, settings.loading,
+                                 vae_here=vae_here, fp8_gemm=fp8 is not None and fp8.gemm)
+        return cls(pipe, mesh, settings.vae, fp8)
 
     def resolve(self, request: GenerateRequest) -> GenerateRequest:
         """The request with unset values from this model's defaults (the same ones `meshdit generate` uses)."""
