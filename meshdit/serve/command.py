@@ -54,8 +54,8 @@ def add_serve_parser(commands) -> argparse.ArgumentParser:
     return serve
 
 
-def serve_settings(args):
-    """The ServeSettings the flags give, after every check that needs no rank (the port's excepted)."""
+def serve_settings(args, check_port: bool = False):
+    """The ServeSettings the flags give, after every check that needs no rank (the port's only if asked)."""
     from ..flags import engine_settings_from_args, request_from_args
     from ..prelaunch import check_before_launch
 
@@ -73,6 +73,8 @@ def serve_settings(args):
     if info.is_video:
         raise ConfigError(f"meshdit serve answers image requests; this {info.pipeline_class} makes videos: "
                           "use `meshdit generate --output clip.mp4` for it.")
+    if check_port:
+        _check_port(args.host, args.port)
     from .server_state import ServeSettings  # numpy and the server's modules: only once every check passed
 
     return ServeSettings(
@@ -82,8 +84,7 @@ def serve_settings(args):
 
 
 def serve_command(args) -> int:
-    settings = serve_settings(args)
-    _check_port(args.host, args.port)
+    settings = serve_settings(args, check_port=True)
     if settings.api_key is None and not is_loopback(args.host):
         print(f"meshdit: WARNING: serving on {args.host}:{args.port} WITHOUT an API key "
               "(--allow-unauthenticated): anyone who can reach this port can run generations on this machine. "
