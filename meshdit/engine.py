@@ -70,6 +70,7 @@ class Engine:
         Every engine setting is applied here, for `meshdit generate`, `meshdit serve` and the Python API alike."""
         from .loading.entry import load_pipeline
 
+        settings.validate()  # the CLI's refusals, for API users too
         device = mesh.device if mesh is not None else torch.device("cpu")
         vae_here = decodes_here(settings.vae, mesh.group("image") if mesh is not None else None)
         fp8 = settings.fp8 if settings.fp8 else None

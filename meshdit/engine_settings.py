@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .config import ParallelConfig
+from .errors import ConfigError
 from .loading.options import LoadOptions
 from .quant.settings import Fp8Config
 from .vae.settings import VaeDecodeSettings
@@ -33,13 +34,20 @@ class EngineSettings:
     verbose: bool = False
     """Library logs and loading progress bars."""
 
+    def validate(self) -> None:
+        """The settings' own ranges (no model needed); ConfigError naming the flag. prelaunch adds the model's."""
+        self.config.validate()
+        self.vae.validate()
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.fp8 is not None:
+            self.fp8.validate(self.config.pipefusion_parallel_degree)
+
     def torch_dtype(self):
         """The torch dtype of `dtype` (None stays None: the device decides). Imports torch."""
         if self.dtype is None:
             return None
         if self.dtype not in DTYPES:
-            from .errors import ConfigError
-
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         import torch
 
