@@ -112,10 +112,11 @@ def engine_settings_from_args(args) -> EngineSettings:
                           settings_from_args(Fp8Config, args), args.verbose)
 
 
-def add_request_flags(parser, skip: tuple[str, ...] = ()) -> None:
+def add_request_flags(parser, skip: tuple[str, ...] = (),
+                      title: str = "request (unset values come from the model)") -> None:
     """What to draw: prompts, size, steps, seed, guidance; `skip`: the dests of flags this subcommand leaves out
     (serve takes prompts, seeds and image counts per request)."""
-    group = parser.add_argument_group("request (unset values come from the model)")
+    group = parser.add_argument_group(title)
     for f, spec in flag_specs(GenerateRequest):
         if spec.dest not in skip:
             flag(group, spec.name, *spec.aliases, dest=spec.dest, default=cli_default(f, spec), help=spec.help,

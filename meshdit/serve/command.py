@@ -34,23 +34,24 @@ def add_serve_parser(commands) -> argparse.ArgumentParser:
                                 description="Serve images over HTTP; the engine flags and request defaults are "
                                             "`meshdit generate`'s (docs/serving.md).")
     add_engine_flags(serve)
-    add_request_flags(serve, skip=tuple(GENERATE_ONLY))
+    add_request_flags(serve, skip=tuple(GENERATE_ONLY),
+                      title="request defaults (what a request leaves unset; unset here: the model's)")
     group = serve.add_argument_group("server")
     group.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default: 127.0.0.1; any other needs --api-key or "
                             "--allow-unauthenticated)")
-    group.add_argument("--port", type=int, default=8000, help="default: 8000")
+    group.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     group.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer KEY' (default: env MESHDIT_API_KEY; unset: no key)")
     group.add_argument("--allow-unauthenticated", action="store_true",
                        help="serve a non-loopback --host without an API key: anyone who reaches the port can use "
                             "the machine's accelerators (default: refused)")
-    group.add_argument("--max-queue", type=int, default=16, help="jobs that may wait; more get 429")
-    group.add_argument("--no-batching", action="store_true", help="run one request at a time")
-    group.add_argument("--max-batch-images", type=int, default=8, help="images per batch when batching")
-    group.add_argument("--max-images", type=int, default=4, help="largest n per request")
-    group.add_argument("--request-timeout", type=float, default=600.0, help="seconds a job may run")
-    group.add_argument("--queue-timeout", type=float, default=600.0, help="seconds a job may wait in the queue")
+    group.add_argument("--max-queue", type=int, default=16, help="jobs that may wait; more get 429 (default: 16)")
+    group.add_argument("--no-batching", action="store_true", help="run one request at a time (default: batch requests that share size, steps and guidance)")
+    group.add_argument("--max-batch-images", type=int, default=8, help="images per batch when batching (default: 8)")
+    group.add_argument("--max-images", type=int, default=4, help="largest n per request (default: 4)")
+    group.add_argument("--request-timeout", type=float, default=600.0, help="seconds a job may run (default: 600)")
+    group.add_argument("--queue-timeout", type=float, default=600.0, help="seconds a job may wait in the queue (default: 600)")
     return serve
 
 

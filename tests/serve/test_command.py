@@ -60,6 +60,13 @@ def test_every_generate_flag_is_a_serve_flag_unless_per_request():
         assert (g.option_strings, g.choices, g.default, g.help) == (s.option_strings, s.choices, s.default, s.help)
 
 
+def test_every_serve_flag_has_a_help_text_with_its_default():
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
+    for action in serve._actions:
+        if action.dest != "help":
+            assert action.help and "default" in action.help, action.option_strings
+
+
 ENGINE_AND_DEFAULT_FLAGS = [
     "--dtype", "bfloat16", "--fp8-gemm", "--attention-backend", "fp8", "--fp8-comm", "--fp8-comm-k",
     "--fp8-stale-kv", "--memory-efficient-load", "--text-encoder-device", "cpu", "--pipefusion-parallel-degree", "2",
