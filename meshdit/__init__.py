@@ -24,10 +24,10 @@ __getattr__ = lazy_names(__name__, _LAZY)
 
 def init(config: ParallelConfig) -> "ParallelMesh":
     """Joins the process group (from torchrun's env, or a world of one) and builds the mesh."""
-    from .distributed.mesh import ParallelMesh, init_distributed
+    from .rank import join_mesh
 
     config.validate()
-    return ParallelMesh.build(config, init_distributed())
+    return join_mesh(config, cpu_threads_from_env=False)
 
 
 def shutdown() -> None:

@@ -1,5 +1,5 @@
-"""The one rank bootstrap of `meshdit generate`, `meshdit serve` and torchrun scripts: join the world, set the
-CPU threads, build the mesh, build the engine from its EngineSettings."""
+"""The one rank bootstrap of `meshdit generate` and `meshdit serve` (start_rank: join the world, CPU threads,
+the mesh, the engine from its EngineSettings); `meshdit.init` (torchrun scripts) joins through join_mesh too."""
 from __future__ import annotations
 
 import os
@@ -18,22 +18,30 @@ class RankEngine:
     load_seconds: float
 
 
-def start_rank(settings: EngineSettings, on_mesh: Callable[[object], None] | None = None) -> RankEngine:
-    """Run on every rank. `on_mesh(mesh)` runs once the mesh exists and before the weights load (serve: the
-    output rank starts answering HTTP while the model loads)."""
-    quiet_libraries(settings.verbose)  # before torch, diffusers and transformers are imported
+def join_mesh(config, cpu_threads_from_env: bool = True):
+    """Joins the process group (torchrun's or the launcher's env; a world of one without) and builds the
+    ParallelMesh of `config`. cpu_threads_from_env: on CPU, OMP_NUM_THREADS threads (default 1) for this rank;
+    meshdit.init (the Python API) leaves torch's own choice."""
     import torch
 
     from .distributed.mesh import ParallelMesh, init_distributed
-    from .engine import Engine
 
     device = init_distributed()
-    if device.type == "cpu":
+    if device.type == "cpu" and cpu_threads_from_env:
         # One thread per rank unless OMP_NUM_THREADS says otherwise: small models run fastest so, and
         # several threads per rank on a busy machine oversubscribe its cores (measured 1.4 s vs 45 s
         # for the default model with 2 threads while another process held one of 2 cores).
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
-    mesh = ParallelMesh.build(settings.config, device)
+    return ParallelMesh.build(config, device)
+
+
+def start_rank(settings: EngineSettings, on_mesh: Callable[[object], None] | None = None) -> RankEngine:
+    """Run on every rank. `on_mesh(mesh)` runs once the mesh exists and before the weights load (serve: the
+    output rank starts answering HTTP while the model loads)."""
+    quiet_libraries(settings.verbose)  # before torch, diffusers and transformers are imported
+    from .engine import Engine
+
+    mesh = join_mesh(settings.config)
     if on_mesh is not None:
         on_mesh(mesh)
     start = time.perf_counter()
