@@ -31,10 +31,10 @@ def init(config: ParallelConfig, verbose: bool = False) -> "ParallelMesh":
 
     config.validate()
     quiet_libraries(verbose)
-    from .distributed.mesh import ParallelMesh, init_distributed
+    from .rank import join_mesh
     from .rank_errors import report_once
 
-    mesh = ParallelMesh.build(config, init_distributed())
+    mesh = join_mesh(config, cpu_threads_from_env=False)
     report_once(mesh.is_output_rank)
     return mesh
 

@@ -5,11 +5,9 @@ import sys
 
 from . import __version__
 from .errors import ConfigError, RankFailedError
-from .flags import (FlagParser, add_layout_flags, add_model_flags, add_output_flags, add_request_flags,
-                    layout_from_args, model_from_args, request_from_args)
+from .flags import (FlagParser, add_engine_flags, add_output_flags, add_request_flags, engine_settings_from_args,
+                    request_from_args)
 from .preflight import check_output_writable, read_prompt_file
-from .loading.cli_flags import add_loading_flags, loading_options
-from .quant.cli_flags import add_fp8_flags, fp8_config_from_args
 
 
 def build_parser() -> FlagParser:
@@ -19,22 +17,18 @@ def build_parser() -> FlagParser:
     gen = commands.add_parser("generate", help="generate images from prompts",
                               description="Generate images; the ranks are started on this machine (or joined "
                                           "under torchrun) once every check below has passed.")
-    add_model_flags(gen)
+    add_engine_flags(gen)
     add_request_flags(gen)
-    add_layout_flags(gen)
     add_output_flags(gen)
-    add_loading_flags(gen)
-    add_fp8_flags(gen)
     from .serve.command import add_serve_parser
 
-    add_serve_parser(commands, gen)
+    add_serve_parser(commands)
     return parser
 
 
-def model_and_request(args):
-    """(model folder or id, ModelInfo, request with every value resolved), checked before any rank starts."""
-    from .models.info import ModelInfo
-
+def requested(args):
+    """The request as generate's flags give it (the bundled model's prompt when none is given); unset values
+    stay None until check_before_launch fills them from the model."""
     prompts = list(args.prompt or [])
     if args.prompt_file:
         prompts += read_prompt_file(args.prompt_file)
@@ -42,11 +36,16 @@ def model_and_request(args):
         from .default_model import DEFAULT_PROMPT
 
         prompts = [DEFAULT_PROMPT]
-    request = request_from_args(args, prompts)
-    request.validate()  # value ranges first: they need no model
-    model = model_from_args(args)
-    info = ModelInfo.from_pretrained(model)
-    return model, info, request.with_defaults(info.request_defaults())
+    return request_from_args(args, prompts)
+
+
+def generate_settings(args):
+    """(EngineSettings, ModelInfo, request with every value resolved), checked before any rank starts."""
+    from .prelaunch import check_before_launch
+
+    engine = engine_settings_from_args(args)
+    info, request = check_before_launch(engine, requested(args))
+    return engine, info, request
 
 
 def warn_unknown_words(model: str, prompts: list[str]) -> None:
@@ -61,15 +60,9 @@ def warn_unknown_words(model: str, prompts: list[str]) -> None:
 def generate_command(args) -> None:
     from .output import check_output_path
 
-    config, vae = layout_from_args(args)
-    config.validate()
-    vae.validate()
     # Everything that can be checked without weights is checked here, before any rank starts.
-    model, info, request = model_and_request(args)
-    info.check_request(config, request)
-    warn_unknown_words(model, request.prompts)
-    from .vae.settings import check_vae_of_model  # VAE checks from vae/config.json
-    check_vae_of_model(model, vae, request.height, request.width)
+    engine, info, request = generate_settings(args)
+    warn_unknown_words(engine.model, request.prompts)
     num_images = len(request.prompts) * request.num_images_per_prompt
     output = args.output or ("meshdit.mp4" if info.is_video else "meshdit.png")
     check_output_writable(output, num_images)
@@ -78,9 +71,7 @@ def generate_command(args) -> None:
     from .distributed.launch import launch
     from .runner import GenerateJob, run_generate
 
-    job = GenerateJob(model, config, request, output, args.dtype, args.verbose, vae, loading_options(args),
-                      fp8_config_from_args(args, config.pipefusion_parallel_degree))
-    launch(run_generate, job, config.world_size)
+    launch(run_generate, GenerateJob(engine, request, output), engine.config.world_size)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .config import GenerateRequest
+from .config import GenerateRequest, ParallelConfig
+from .engine_settings import EngineSettings
 from .errors import ConfigError
 from .distributed.mesh import ParallelMesh, SingleProcessMesh
+from .loading.options import LoadOptions
 from .models.info import ModelInfo
 from .parallel.parallelize import parallelize
 from .prompt_vocabulary import PromptVocabulary, UnknownWordsWarning
@@ -71,26 +73,39 @@ class Engine:
         `loading`: LoadOptions (memory-efficient load, text-encoder placement); `fp8`: Fp8Config.
         `device` (no mesh only): e.g. "cpu" or "cuda:1"; unset, a visible GPU, else the CPU (engine_device);
         `engine.device` and each GenerateResult.device say which. Unless verbose, library warnings stay quiet
-        as in `meshdit generate`. A model that is not there is one ConfigError naming it, agreed over the mesh."""
-        from .loading.entry import load_pipeline
-        from .logs import quiet_libraries
-        from .rank_errors import agreed
-
-        quiet_libraries(verbose)
-
+        as in `meshdit generate`. A model that is not there is one ConfigError naming it, agreed over the mesh.
+        The same as `from_settings(EngineSettings(...), mesh)`, which the CLI's ranks call."""
         if model is None:
             from .default_model import weights_path
 
             model = str(weights_path())
-        agreed(lambda: ModelInfo.from_pretrained(model), mesh)  # before any weight is read
+        settings = EngineSettings(model, mesh.config if mesh is not None else ParallelConfig(),
+                                  EngineSettings.dtype_name(torch_dtype), vae or VaeDecodeSettings(),
+                                  loading or LoadOptions(), fp8, verbose)
+        return cls.from_settings(settings, mesh, device, show_progress or verbose)
+
+    @classmethod
+    def from_settings(cls, settings: EngineSettings, mesh: ParallelMesh | None = None, device=None,
+                      show_progress: bool | None = None) -> "Engine":
+        """The engine `settings` describe, on `mesh` (whose layout is settings.config; None: one process on
+        `device`, see from_pretrained). Every engine setting is applied here, for `meshdit generate`,
+        `meshdit serve` and the Python API alike. show_progress: loading bars (default: settings.verbose)."""
+        from .loading.entry import load_pipeline
+        from .logs import quiet_libraries
+        from .rank_errors import agreed
+
+        quiet_libraries(settings.verbose)
+        settings.validate()  # the CLI's refusals, for API users too
+        agreed(lambda: ModelInfo.from_pretrained(settings.model), mesh)  # before any weight is read
         device = engine_device(mesh, device)
         if mesh is None:
-            logging.getLogger("meshdit").info("meshdit: running %s on %s", model, device)
-        vae_here = decodes_here(vae or VaeDecodeSettings(), mesh.group("image") if mesh is not None else None)
-        with _progress_bars(show_progress):
-            pipe = load_pipeline(model, device, torch_dtype, mesh, loading, vae_here=vae_here,
-                                 fp8_gemm=fp8 is not None and fp8.gemm)
-        return cls(pipe, mesh, vae, fp8)
+            logging.getLogger("meshdit").info("meshdit: running %s on %s", settings.model, device)
+        vae_here = decodes_here(settings.vae, mesh.group("image") if mesh is not None else None)
+        fp8 = settings.fp8 if settings.fp8 else None
+        with _progress_bars(settings.verbose if show_progress is None else show_progress):
+            pipe = load_pipeline(settings.model, device, settings.torch_dtype(), mesh, settings.loading,
+                                 vae_here=vae_here, fp8_gemm=fp8 is not None and fp8.gemm)
+        return cls(pipe, mesh, settings.vae, fp8)
 
     @property
     def device(self) -> torch.device:

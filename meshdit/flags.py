@@ -14,6 +14,7 @@ import re
 
 from .config import BUNDLED, GenerateRequest, ParallelConfig
 from .errors import ConfigError
+from .engine_settings import DTYPES, EngineSettings
 from .flag_spec import cli_default, flag_specs
 
 
@@ -49,7 +50,7 @@ def add_model_flags(parser) -> None:
     group = parser.add_argument_group("model")
     flag(group, "model", default=None, metavar="DIR_OR_HUB_ID",
          help=f"diffusers pipeline folder or Hugging Face Hub id (default: {BUNDLED}, meshdit/default_model)")
-    flag(group, "dtype", choices=["float32", "bfloat16", "float16"], default=None,
+    flag(group, "dtype", choices=list(DTYPES), default=None,
          help="weights and activations (default: bfloat16 on GPU, float32 on CPU)")
     flag(group, "verbose", action="store_true",
          help="show library logs, loading progress and each rank's VAE decode memory (default: off)")
@@ -72,9 +73,10 @@ def add_settings_flags(group, cls) -> None:
 
 
 def settings_from_args(cls, args, **values):
-    """`cls` built from the parsed flags of its fields (`values` add or override fields)."""
+    """`cls` built from the parsed flags of its fields (`values` add or override fields); a field whose flag
+    this subcommand does not have (serve has no --seed) keeps the field's default."""
     for f, spec in flag_specs(cls):
-        if f.name not in values:
+        if f.name not in values and hasattr(args, spec.dest):
             value = getattr(args, spec.dest)
             values[f.name] = spec.to_field(value) if spec.to_field else value
     return cls(**values)
@@ -89,12 +91,40 @@ def add_layout_flags(parser) -> None:
     add_settings_flags(parser.add_argument_group("VAE decode"), VaeDecodeSettings)
 
 
-def add_request_flags(parser) -> None:
-    """What to draw: prompts, size, steps, seed, guidance."""
-    group = parser.add_argument_group("request (unset values come from the model)")
-    add_settings_flags(group, GenerateRequest)
-    flag(group, "prompt-file", default=None, metavar="FILE",
-         help="a UTF-8 text file with one prompt per line, blank lines skipped (default: none)")
+def add_engine_flags(parser) -> None:
+    """Every flag of EngineSettings: model and dtype, the layout (with --compile) and VAE decode, loading, FP8.
+    `meshdit generate` and `meshdit serve` both take exactly these (engine_settings_from_args reads them)."""
+    from .loading.cli_flags import add_loading_flags
+    from .quant.cli_flags import add_fp8_flags
+
+    add_model_flags(parser)
+    add_layout_flags(parser)
+    add_loading_flags(parser)
+    add_fp8_flags(parser)
+
+
+def engine_settings_from_args(args) -> EngineSettings:
+    """The EngineSettings the flags of add_engine_flags give (checked later, by prelaunch.check_before_launch)."""
+    from .loading.options import LoadOptions
+    from .quant.settings import Fp8Config
+
+    config, vae = layout_from_args(args)
+    return EngineSettings(model_from_args(args), config, args.dtype, vae, settings_from_args(LoadOptions, args),
+                          settings_from_args(Fp8Config, args), args.verbose)
+
+
+def add_request_flags(parser, skip: tuple[str, ...] = (),
+                      title: str = "request (unset values come from the model)") -> None:
+    """What to draw: prompts, size, steps, seed, guidance; `skip`: the dests of flags this subcommand leaves out
+    (serve takes prompts, seeds and image counts per request)."""
+    group = parser.add_argument_group(title)
+    for f, spec in flag_specs(GenerateRequest):
+        if spec.dest not in skip:
+            flag(group, spec.name, *spec.aliases, dest=spec.dest, default=cli_default(f, spec), help=spec.help,
+                 **spec.argparse)
+    if "prompt_file" not in skip:
+        flag(group, "prompt-file", default=None, metavar="FILE",
+             help="a UTF-8 text file with one prompt per line, blank lines skipped (default: none)")
     # A recipe argument (GenerateRequest.extra), not a request field.
     flag(group, "max-sequence-length", type=int, default=None, metavar="T",
          help=f"text tokens per prompt, >= 1 and <= 512 for T5 encoders (FLUX.1, SD3) "

@@ -1,57 +1,35 @@
-"""What each rank of `meshdit generate` runs: join the world, build the mesh, load, generate, save."""
+"""What each rank of `meshdit generate` runs: the shared rank bootstrap (rank.start_rank), generate, save."""
 from __future__ import annotations
 
-import os
-import time
 import warnings
 from dataclasses import dataclass
 
-from .config import GenerateRequest, ParallelConfig
-from .logs import quiet_libraries
+from .config import GenerateRequest
+from .engine_settings import EngineSettings
 from .output import save_images, save_videos
 from .prompt_vocabulary import UnknownWordsWarning
-from .vae import VaeDecodeSettings
+from .rank import start_rank
 
 # NOTE: no torch, diffusers or transformers at module level: a spawned rank imports this module to
-# unpickle its job, and quiet_libraries() must run before those imports to keep their import-time
-# warnings out of non-verbose runs.
-DTYPES = ("float32", "bfloat16", "float16")
+# unpickle its job, and quiet_libraries() (in start_rank) must run before those imports to keep their
+# import-time warnings out of non-verbose runs.
 
 
 @dataclass
 class GenerateJob:
-    model: str
-    config: ParallelConfig
+    engine: EngineSettings
     request: GenerateRequest
     output: str
-    dtype: str | None = None  # None: bf16 on GPU, fp32 on CPU
-    verbose: bool = False
-    vae: VaeDecodeSettings | None = None
-    loading: object = None  # meshdit.loading.LoadOptions; None: the defaults
-    fp8: object = None  # meshdit.quant.settings.Fp8Config, None: no FP8
 
 
 def run_generate(job: GenerateJob) -> None:
     """One rank's work; the launcher tears the process group down afterwards."""
-    quiet_libraries(job.verbose)
-    import torch
+    ranked = start_rank(job.engine)
     import torch.distributed as dist
 
-    from .distributed.mesh import ParallelMesh, init_distributed
-    from .engine import Engine
     from .vae import peak_memory_report
 
-    device = init_distributed()
-    if device.type == "cpu":
-        # One thread per rank unless OMP_NUM_THREADS says otherwise: small models run fastest so, and
-        # several threads per rank on a busy machine oversubscribe its cores (docs/install.md, "Devices,
-        # dtypes and threads").
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
-    mesh = ParallelMesh.build(job.config, device)
-    start = time.perf_counter()
-    engine = Engine.from_pretrained(job.model, mesh, getattr(torch, job.dtype) if job.dtype in DTYPES else None,
-                                    job.vae, job.verbose, loading=job.loading, fp8=job.fp8, verbose=job.verbose)
-    load_s = time.perf_counter() - start
+    engine, mesh, settings = ranked.engine, ranked.mesh, job.engine
     with warnings.catch_warnings():  # the CLI warned about unknown words before the ranks started
         warnings.simplefilter("ignore", UnknownWordsWarning)
         result = engine.generate(job.request, output_type="np", show_progress=mesh.is_output_rank)
@@ -66,14 +44,14 @@ def run_generate(job: GenerateJob) -> None:
             paths = save_images(result.images, job.output)
             height, width = result.images.shape[1:3]
             what = "image(s)"
+        fp8 = f" with {settings.fp8.describe()}" if settings.fp8 else ""
         print(f"meshdit: {len(paths)} {what} height {height} x width {width}, {job.request.num_inference_steps} "
-              f"steps, layout {job.config.describe()}{f' with {job.fp8.describe()}' if job.fp8 else ''} on "
-              f"{dist.get_world_size()} rank(s) ({device.type}): "
-              f"{s['total']:.2f} s (prepare {s['prepare']:.2f}, denoise {s['denoise']:.2f}, "
-              f"decode {s['decode']:.2f}; model load {load_s:.2f} s)")
+              f"steps, layout {settings.config.describe()}{fp8} on {dist.get_world_size()} rank(s) "
+              f"({mesh.device.type}): {s['total']:.2f} s (prepare {s['prepare']:.2f}, denoise {s['denoise']:.2f}, "
+              f"decode {s['decode']:.2f}; model load {ranked.load_seconds:.2f} s)")
         for path in paths:
             print(f"meshdit: wrote {path}")
-    if job.verbose:
+    if settings.verbose:
         report = peak_memory_report()
         if report:
             print(f"meshdit: rank {dist.get_rank()} VAE decode ({report.get('mode')}, latent "

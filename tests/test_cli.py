@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from meshdit.cli import build_parser, main, model_and_request
+from meshdit.cli import build_parser, generate_settings, main
 from meshdit.config import GenerateRequest, ParallelConfig
 from meshdit.errors import ConfigError
 from meshdit.testing.tiny_models import tiny_pipeline
@@ -223,7 +223,7 @@ def test_several_prompts_per_flag_and_abbreviations_of_a_flag_and_its_alias():
 
 
 def _cli_request(argv):
-    return model_and_request(build_parser().parse_args(["generate"] + argv))[2]
+    return generate_settings(build_parser().parse_args(["generate"] + argv))[2]
 
 
 def test_api_takes_the_same_defaults_as_the_cli(tiny_flux_dir, capfd):

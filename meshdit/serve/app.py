@@ -69,7 +69,7 @@ def create_app(state: ServerState) -> FastAPI:
         status = "failed" if state.dead else "draining" if state.draining else "ready" if state.ready else "loading"
         body = {"status": status, "layout": state.layout, "world_size": state.settings.config.world_size,
                 "model": state.model_id, "queue": len(state.queue),
-                "defaults": {"size": f"{state.settings.width}x{state.settings.height}", "steps": state.settings.steps}}
+                "defaults": state.defaults()}
         if state.dead:
             body["error"] = state.dead
         return JSONResponse(body, status_code=200 if status == "ready" else 503)

@@ -1,84 +1,123 @@
-"""`meshdit serve`: its flags (the model and layout flags are generate's own) and the checks before any rank starts."""
+"""`meshdit serve`: its flags (generate's engine and request-default flags, plus the server's own) and the checks
+before any rank starts (prelaunch.check_before_launch, as for generate, plus the server's)."""
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import socket
+import sys
 
-from ..config import GenerateRequest, ParallelConfig
 from ..errors import ConfigError
-from ..flag_spec import flag_specs
-from ..vae.settings import VaeDecodeSettings
 from .limits import add_limit_flags, check_limit_flags, limit_settings
 
-# generate's flags that serve shares: model, every layout and VAE flag, and the request defaults (PipeFusion's
-# warmup steps, patches and drift correction are server-wide: every request gets them)
-SHARED = ("model", "dtype", "verbose", "height", "width", "steps", "guidance_scale", "max_sequence_length",
-          "warmup_steps", "num_pipeline_patch", "no_kv_drift_correction") + tuple(
-    spec.dest for settings in (ParallelConfig, VaeDecodeSettings) for _, spec in flag_specs(settings))
+# generate's flags that serve does not take: each is a value of one HTTP request (its JSON field), or names
+# what only generate does. Every other generate flag is a serve flag too (tests/serve/test_command.py checks).
+GENERATE_ONLY = {
+    "prompt": "per request: the request's `prompt`",
+    "prompt_file": "per request: prompts arrive over HTTP",
+    "negative_prompt": "per request: the request's `negative_prompt`",
+    "seed": "per request: the request's `seed`",
+    "num_images_per_prompt": "per request: the request's `n`",
+    "output": "generate writes files; serve answers with PNGs",
+    "num_frames": "video models only, and serve answers image requests",
+    "fps": "video models only, and serve answers image requests",
+    "image": "image-to-video models only, and serve answers image requests",
+}
+LOOPBACK_NAMES = ("localhost",)
 
 
-def add_serve_parser(commands, generate_parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    serve = commands.add_parser("serve", help="serve an OpenAI-compatible image API over the mesh")
-    for action in generate_parser._actions:
-        if action.dest in SHARED and action.option_strings:
-            serve._add_action(action)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=None,
+def add_serve_parser(commands) -> argparse.ArgumentParser:
+    from ..flags import add_engine_flags, add_request_flags
+
+    serve = commands.add_parser("serve", help="serve an OpenAI-compatible image API over the mesh",
+                                description="Serve images over HTTP; the engine flags and request defaults are "
+                                            "`meshdit generate`'s (docs/serving.md).")
+    add_engine_flags(serve)
+    add_request_flags(serve, skip=tuple(GENERATE_ONLY),
+                      title="request defaults (what a request leaves unset; unset here: the model's)")
+    group = serve.add_argument_group("server")
+    group.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default: 127.0.0.1; any other needs --api-key or "
+                            "--allow-unauthenticated)")
+    group.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    group.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer KEY' (default: env MESHDIT_API_KEY; unset: no key)")
-    serve.add_argument("--max-queue", type=int, default=16, help="jobs that may wait; more get 429")
-    serve.add_argument("--no-batching", action="store_true", help="run one request at a time")
-    serve.add_argument("--max-batch-images", type=int, default=8, help="images per batch when batching")
-    serve.add_argument("--max-images", type=int, default=4, help="largest n per request")
-    serve.add_argument("--request-timeout", type=float, default=600.0, help="seconds a job may run")
-    serve.add_argument("--queue-timeout", type=float, default=600.0, help="seconds a job may wait in the queue")
+    group.add_argument("--allow-unauthenticated", action="store_true",
+                       help="serve a non-loopback --host without an API key: anyone who reaches the port can use "
+                            "the machine's accelerators (default: refused)")
+    group.add_argument("--max-queue", type=int, default=16, help="jobs that may wait; more get 429 (default: 16)")
+    group.add_argument("--no-batching", action="store_true", help="run one request at a time (default: batch requests that share size, steps and guidance)")
+    group.add_argument("--max-batch-images", type=int, default=8, help="images per batch when batching (default: 8)")
+    group.add_argument("--max-images", type=int, default=4, help="largest n per request (default: 4)")
+    group.add_argument("--request-timeout", type=float, default=600.0, help="seconds a job may run (default: 600)")
+    group.add_argument("--queue-timeout", type=float, default=600.0, help="seconds a job may wait in the queue (default: 600)")
     add_limit_flags(serve)  # body size, result store, drain grace (serve/limits.py)
     return serve
 
 
-def serve_command(args) -> int:
-    from ..flags import layout_from_args, model_from_args
+def serve_settings(args, check_port: bool = False):
+    """The ServeSettings the flags give, after every check that needs no rank (the port's only if asked)."""
+    from ..flags import engine_settings_from_args, request_from_args
+    from ..prelaunch import check_before_launch
 
-    model = model_from_args(args)
-    config, vae = layout_from_args(args)
-    config.validate()
-    vae.validate()
     for name in ("max_queue", "max_batch_images", "max_images"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.request_timeout <= 0 or args.queue_timeout <= 0:
         raise ConfigError("--request-timeout and --queue-timeout must be > 0 seconds")
     check_limit_flags(args)
-    from ..models.info import ModelInfo
-
-    info = ModelInfo.from_pretrained(model)
+    api_key = args.api_key or os.environ.get("MESHDIT_API_KEY") or None
+    check_exposure(args.host, api_key, args.allow_unauthenticated)
+    engine = engine_settings_from_args(args)
+    # The smallest batch a request may make: one image per data-parallel group.
+    info, request = check_before_launch(engine, request_from_args(args, ["-"]),
+                                        num_images=max(engine.config.data_parallel_degree, 1))
     if info.is_video:
         raise ConfigError(f"meshdit serve answers image requests; this {info.pipeline_class} makes videos: "
                           "use `meshdit generate --output clip.mp4` for it.")
-    height, width = args.height or info.default_size[0], args.width or info.default_size[1]
-    pipefusion = dict(warmup_steps=args.warmup_steps, num_pipeline_patch=args.num_pipeline_patch,
-                      kv_drift_correction=not args.no_kv_drift_correction)
-    every_request = GenerateRequest(prompt="-", **pipefusion)  # what the server gives each request
-    every_request.validate()
-    info.check(config, height, width, args.guidance_scale, max(config.data_parallel_degree, 1),
-               every_request.patches(config))
-    _check_port(args.host, args.port)
-    from ..distributed.launch import check_torchrun_world
-
-    check_torchrun_world(config.world_size)
+    if check_port:
+        _check_port(args.host, args.port)
     from .server_state import ServeSettings  # numpy and the server's modules: only once every check passed
 
-    settings = ServeSettings(
-        model=model, config=config, height=height, width=width, steps=args.steps,
-        guidance_scale=args.guidance_scale, max_sequence_length=args.max_sequence_length, host=args.host,
-        port=args.port, api_key=args.api_key or os.environ.get("MESHDIT_API_KEY") or None,
-        max_queue=args.max_queue, batching=not args.no_batching, max_batch_images=args.max_batch_images,
-        max_images=args.max_images, request_timeout=args.request_timeout, queue_timeout=args.queue_timeout,
-        dtype=args.dtype, vae=vae, verbose=args.verbose, **pipefusion, **limit_settings(args))
+    return ServeSettings(
+        engine=engine, request=request, host=args.host, port=args.port, api_key=api_key, max_queue=args.max_queue,
+        batching=not args.no_batching, max_batch_images=args.max_batch_images, max_images=args.max_images,
+        request_timeout=args.request_timeout, queue_timeout=args.queue_timeout,
+        **limit_settings(args))
+
+
+def serve_command(args) -> int:
+    settings = serve_settings(args, check_port=True)
+    if settings.api_key is None and not is_loopback(args.host):
+        print(f"meshdit: WARNING: serving on {args.host}:{args.port} WITHOUT an API key "
+              "(--allow-unauthenticated): anyone who can reach this port can run generations on this machine. "
+              "Set --api-key or MESHDIT_API_KEY to require one.", file=sys.stderr, flush=True)
     from .launch import serve_ranks
 
     return serve_ranks(settings)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is reachable from this machine only (a name counts if every address it has is loopback)."""
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        try:
+            addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+        except OSError:
+            return False
+        return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+
+
+def check_exposure(host: str, api_key: str | None, allow_unauthenticated: bool) -> None:
+    """A server reachable from other machines must ask for a key, unless the user says otherwise explicitly."""
+    if api_key is None and not allow_unauthenticated and not is_loopback(host):
+        raise ConfigError(f"--host {host} is reachable from other machines, and no API key is set: anyone who can "
+                          "reach the port could use this machine's accelerators. Set --api-key (or "
+                          "MESHDIT_API_KEY), or pass --allow-unauthenticated to serve without one.")
 
 
 def _check_port(host: str, port: int) -> None:

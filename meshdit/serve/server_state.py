@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import io
 import threading
 import time
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import GenerateRequest, ParallelConfig
+from ..engine_settings import EngineSettings
 from ..errors import ConfigError
 from .jobs import Job, JobQueue
 from .limits import DRAIN_GRACE_S, MAX_BODY_BYTES, RESULT_STORE_MB, RESULT_TTL_S
@@ -23,16 +25,12 @@ from .schemas import ImageRequest
 class ServeSettings:
     """Everything `meshdit serve` was started with that the server needs (picklable: sent to every rank)."""
 
-    model: str
-    config: ParallelConfig
-    height: int
-    width: int
-    steps: int | None  # None: the family's default
-    guidance_scale: float | None
-    max_sequence_length: int | None
-    warmup_steps: int = 1  # PipeFusion's, for every request
-    num_pipeline_patch: int | None = None
-    kv_drift_correction: bool = True
+    engine: EngineSettings
+    """How every rank builds its engine: the same settings `meshdit generate` gives its ranks."""
+    request: GenerateRequest
+    """Every request's defaults, with the model's filled in before the ranks start (ModelInfo.request_defaults,
+    as for generate and the API): size, steps, guidance, text length, PipeFusion's settings. A request's own
+    values (prompt, n, size, steps, seed, ...) replace them in make_job."""
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
@@ -47,10 +45,15 @@ class ServeSettings:
     result_store_bytes: int = RESULT_STORE_MB << 20  # finished jobs' PNGs held; the oldest expire beyond it
     result_ttl: float = RESULT_TTL_S  # seconds a finished job's PNGs are held
     drain_grace: float = DRAIN_GRACE_S  # seconds a job that finished during a drain stays fetchable
-    dtype: str | None = None
-    vae: object = None
-    verbose: bool = False
     spawned: bool = True  # ranks spawned by `meshdit serve` (not torchrun): the parent forwards signals
+
+    @property
+    def config(self) -> ParallelConfig:
+        return self.engine.config
+
+    @property
+    def model(self) -> str:
+        return self.engine.model
 
 
 class BadRequest(Exception):
@@ -85,7 +88,6 @@ class ServerState:
     def attach(self, engine) -> None:
         """The model is loaded on every rank: start accepting jobs."""
         self.info = engine.info
-        self.settings.steps = self.settings.steps or engine.recipe.defaults.steps
         pipe = engine.pipe
         # Copies: a fast tokenizer keeps its padding / truncation settings as state that every call sets,
         # so HTTP threads counting tokens on the pipeline's own tokenizer race the rank loop's encode_prompt
@@ -94,33 +96,35 @@ class ServerState:
                            if getattr(pipe, n, None) is not None]
         self.ready = True
 
+    def defaults(self) -> dict:
+        """What a request leaves unset becomes (the web page prefills these)."""
+        r = self.settings.request
+        return {"size": f"{r.width}x{r.height}", "steps": r.num_inference_steps}
+
     def retry_after(self) -> int:
         return max(1, int(self._latency))
 
     # -- requests ----------------------------------------------------------
     def make_job(self, body: ImageRequest) -> Job:
         """Checks the request against the model and layout; raises BadRequest naming the field."""
-        s = self.settings
-        height, width = body.dimensions((s.height, s.width))
+        s, defaults = self.settings, self.settings.request
+        height, width = body.dimensions((defaults.height, defaults.width))
         if height * width > s.max_pixels:
             raise BadRequest("size", f"size {body.size} has {height * width} pixels; this server allows at most "
-                                     f"{s.max_pixels} (e.g. {s.width}x{s.height})")
+                                     f"{s.max_pixels} (e.g. {defaults.width}x{defaults.height})")
         if body.n > s.max_images:
             raise BadRequest("n", f"n={body.n} is more than this server's limit of {s.max_images} images per request")
         if body.n < s.config.data_parallel_degree:
             raise BadRequest("n", f"n={body.n}: the layout has {s.config.data_parallel_degree} data-parallel groups "
                                   f"and needs at least that many images per request")
-        scale = s.guidance_scale if body.guidance_scale is None else float(body.guidance_scale)
+        scale = defaults.guidance_scale if body.guidance_scale is None else float(body.guidance_scale)
         if body.negative_prompt is not None and not self.info.runs_cfg(scale):
             raise BadRequest("negative_prompt", "negative_prompt is unused by this model at this guidance_scale "
                                                 "(no classifier-free guidance): remove it")
-        extra = {} if s.max_sequence_length is None else {"max_sequence_length": s.max_sequence_length}
-        steps = body.steps or s.steps
-        request = GenerateRequest(prompt=body.prompt, negative_prompt=body.negative_prompt, height=height,
-                                  width=width, num_inference_steps=steps, guidance_scale=scale, seed=body.seed,
-                                  num_images_per_prompt=body.n, warmup_steps=s.warmup_steps,
-                                  num_pipeline_patch=s.num_pipeline_patch,
-                                  kv_drift_correction=s.kv_drift_correction, extra=extra)
+        steps = body.steps or defaults.num_inference_steps
+        request = dataclasses.replace(defaults, prompt=body.prompt, negative_prompt=body.negative_prompt,
+                                      height=height, width=width, num_inference_steps=steps, guidance_scale=scale,
+                                      seed=body.seed, num_images_per_prompt=body.n, extra=dict(defaults.extra))
         try:
             self.info.check(s.config, height, width, scale, body.n, request.patches(s.config))
         except ConfigError as exc:
@@ -138,8 +142,8 @@ class ServerState:
         """Refuses what the text encoders would silently cut off."""
         for tokenizer in self.tokenizers:
             clip = "clip" in type(tokenizer).__name__.lower()
-            limit = tokenizer.model_max_length if clip or not self.settings.max_sequence_length \
-                else self.settings.max_sequence_length
+            text_tokens = self.settings.request.extra.get("max_sequence_length")
+            limit = tokenizer.model_max_length if clip or not text_tokens else text_tokens
             count = len(tokenizer(text, truncation=False).input_ids)
             if count > limit:
                 raise BadRequest(param, f"{param} is {count} tokens for {type(tokenizer).__name__}; the model reads "

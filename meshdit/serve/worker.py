@@ -12,12 +12,10 @@ import threading
 import time
 import traceback
 
-import torch
 import torch.distributed as dist
 
 from ..distributed.hard_exit import hard_exit
 from ..errors import ConfigError
-from ..logs import quiet_libraries
 from .server_state import ServerState, ServeSettings
 
 HEARTBEAT_S = 1.0  # idle ranks hear from the output rank this often
@@ -25,32 +23,28 @@ DEAD_GRACE_S = 3.0  # after a rank failure, answer 503 this long, then exit non-
 
 
 def run_serve(settings: ServeSettings) -> None:
-    from ..distributed.mesh import ParallelMesh, init_distributed
-    from ..engine import Engine
-    from ..runner import DTYPES
+    from ..rank import start_rank
 
-    quiet_libraries(settings.verbose)
-    device = init_distributed()
-    if device.type == "cpu":
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))  # see runner.run_generate
-    mesh = ParallelMesh.build(settings.config, device)
     stop = threading.Event()
-    state = server = None
-    if mesh.is_output_rank:
-        state = ServerState(settings)
-        server = start_http(state)
+    http: dict = {}  # the output rank's ServerState and uvicorn server, started before the weights load
 
-        def on_signal(signum, frame):  # drain: the running batch finishes, then every rank stops
-            stop.set()
-            state.begin_drain()  # at once, not after the running batch: new jobs get 503 from now on
+    def on_mesh(mesh) -> None:
+        if mesh.is_output_rank:
+            http["state"] = ServerState(settings)
+            http["server"] = start_http(http["state"])
 
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-    else:  # the output rank decides when to stop and tells the others; the launcher kills leftovers
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    engine = Engine.from_pretrained(settings.model, mesh, DTYPES.get(settings.dtype) if settings.dtype else None,
-                                    settings.vae, verbose=settings.verbose)
+            def on_signal(signum, frame):  # drain: the running batch finishes, then every rank stops
+                stop.set()
+                http["state"].begin_drain()  # at once, not after the running batch: new jobs get 503 from now on
+
+            signal.signal(signal.SIGTERM, on_signal)
+            signal.signal(signal.SIGINT, on_signal)
+        else:  # the output rank decides when to stop and tells the others; the launcher kills leftovers
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    engine = start_rank(settings.engine, on_mesh).engine
+    state, server = http.get("state"), http.get("server")
     engine.pipe.set_progress_bar_config(disable=True)
     dist.barrier()  # loaded on every rank
     if state is None:

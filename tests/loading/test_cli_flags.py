@@ -8,7 +8,7 @@ import time
 import pytest
 
 from meshdit.cli import build_parser
-from meshdit.loading.cli_flags import loading_options
+from meshdit.flags import engine_settings_from_args
 
 
 @pytest.mark.parametrize("argv, efficient, encoder_device", [
@@ -18,7 +18,7 @@ from meshdit.loading.cli_flags import loading_options
     (["--memory_efficient_replicated_load"], True, None),
 ])
 def test_flags(argv, efficient, encoder_device):
-    options = loading_options(build_parser().parse_args(["generate", *argv]))
+    options = engine_settings_from_args(build_parser().parse_args(["generate", *argv])).loading
     assert options.memory_efficient is efficient and options.text_encoder_device == encoder_device
     assert options.efficient(2) is (efficient is not False) and options.efficient(1) is bool(efficient)
 

@@ -114,12 +114,12 @@ def test_cli_refuses_before_ranks_start(monkeypatch, capsys):
 
 def test_cli_flags_build_the_config():
     from meshdit.cli import build_parser
-    from meshdit.quant.cli_flags import fp8_config_from_args
+    from meshdit.flags import engine_settings_from_args
 
     args = build_parser().parse_args(["generate", "--use_fp8_gemms", "--attention-backend", "fp8", "--fp8-comm",
                                       "--fp8-comm-k"])
-    assert fp8_config_from_args(args) == Fp8Config(gemm=True, attention="fp8", comm=True, comm_k=True)
-    assert fp8_config_from_args(build_parser().parse_args(["generate"])) is None
+    assert engine_settings_from_args(args).fp8 == Fp8Config(gemm=True, attention="fp8", comm=True, comm_k=True)
+    assert not engine_settings_from_args(build_parser().parse_args(["generate"])).fp8  # every option off
 
 
 @pytest.mark.parametrize("name", ["flux2", "sd35", "pixart-sigma"])

@@ -75,12 +75,14 @@ def test_requests_of_a_noise_drawing_scheduler_never_share_a_batch():
 
 @pytest.mark.parametrize("name, shared", [("flux", True), ("hunyuandit", False)])
 def test_the_server_batches_requests_only_where_the_scheduler_draws_no_noise(name, shared):
-    from meshdit.config import ParallelConfig
+    from meshdit.config import GenerateRequest
+    from meshdit.engine_settings import EngineSettings
     from meshdit.serve.schemas import ImageRequest
     from meshdit.serve.server_state import ServerState, ServeSettings
     from tests.sp_jobs import pipeline
 
-    state = ServerState(ServeSettings(name, ParallelConfig(), 32, 32, 2, 3.0, None))
+    defaults = GenerateRequest(prompt="-", height=32, width=32, num_inference_steps=2, guidance_scale=3.0)
+    state = ServerState(ServeSettings(EngineSettings(name), defaults))
     engine = engine_jobs.Engine(pipeline(name))
     try:
         state.attach(engine)
@@ -96,12 +98,15 @@ def test_http_threads_checking_prompt_lengths_leave_the_pipelines_text_encoding_
     unpadded (CI: a batch of 9- and 32-token embeddings that could not be joined). The counts use copies."""
     import threading
 
-    from meshdit.config import ParallelConfig
+    from meshdit.config import GenerateRequest
     from meshdit.default_model import weights_path
+    from meshdit.engine_settings import EngineSettings
     from meshdit.serve.schemas import ImageRequest
     from meshdit.serve.server_state import ServerState, ServeSettings
 
-    state = ServerState(ServeSettings(str(weights_path()), ParallelConfig(), 64, 64, 2, 3.0, 32))
+    defaults = GenerateRequest(prompt="-", height=64, width=64, num_inference_steps=2, guidance_scale=3.0,
+                               extra={"max_sequence_length": 32})
+    state = ServerState(ServeSettings(EngineSettings(str(weights_path())), defaults))
     engine = engine_jobs.Engine.from_pretrained()
     prompt, stop = "two red circles on a white background", threading.Event()
 
