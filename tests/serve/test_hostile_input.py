@@ -18,8 +18,9 @@ import httpx
 import numpy as np
 import pytest
 
-from meshdit.config import GenerateRequest, ParallelConfig
+from meshdit.config import GenerateRequest
 from meshdit.distributed.ports import free_port
+from meshdit.engine_settings import EngineSettings
 from meshdit.serve.app import create_app
 from meshdit.serve.jobs import Job
 from meshdit.serve.server_state import ServerState, ServeSettings, png_bytes
@@ -29,8 +30,8 @@ LIMIT = 512 * 1024  # --max-body-bytes of these servers (a body nested 100,000 d
 
 
 def ready_state(**settings) -> ServerState:
-    state = ServerState(ServeSettings(model="meshdit-default-model", config=ParallelConfig(), height=64, width=64,
-                                      steps=4, guidance_scale=None, max_sequence_length=None, port=free_port(),
+    defaults = GenerateRequest(prompt="-", height=64, width=64, num_inference_steps=4)
+    state = ServerState(ServeSettings(EngineSettings("meshdit-default-model"), defaults, port=free_port(),
                                       max_body_bytes=LIMIT, **settings))
     state.ready = True  # what attach() sets once the ranks loaded; nothing here reaches the model
     return state
