@@ -13,7 +13,7 @@ from .config import GenerateRequest
 from .errors import ConfigError
 from .distributed.mesh import ParallelMesh, SingleProcessMesh
 from .models.info import ModelInfo
-from .parallel.parallelize import parallelize
+from .combine.parallelize import parallelize
 from .prompt_vocabulary import PromptVocabulary, UnknownWordsWarning
 from .denoising.batching import concat_states
 from .vae import VaeDecodeSettings, decodes_here

@@ -46,7 +46,7 @@ class _SequenceState:
     stale_kv: object = None
     """PipeFusion: the per-layer K/V buffers attention reads from (None: plain sequence parallelism)."""
     backend: object = None
-    """The attention kernel (None: torch's SDPA); see meshdit.quant.runtime.Fp8AttentionBackend."""
+    """The attention kernel (None: torch's SDPA); see meshdit.combine.fp8_runtime.Fp8AttentionBackend."""
     codecs: WireCodecs = EXACT
     """What encodes the sequence-parallel traffic (EXACT: nothing)."""
     tail_mask: tuple | None = None
