@@ -1,10 +1,11 @@
 """The one place that combines strategies, in a fixed order."""
 from __future__ import annotations
 
+from ..attention.router import apply_attention_backend
 from ..distributed.mesh import ParallelMesh, SingleProcessMesh
 from ..parallel.pipefusion import PipeFusion
 from ..parallel.plan import ModelPlan
-from ..parallel.sequence import apply_attention_backend, apply_sequence_parallel
+from ..parallel.sequence import apply_sequence_parallel
 from . import fp8_runtime
 from .parallelized import Parallelized
 
