@@ -16,7 +16,7 @@ from .errors import ConfigError
 from .distributed.mesh import ParallelMesh, SingleProcessMesh
 from .loading.options import LoadOptions
 from .models.info import ModelInfo
-from .parallel.parallelize import parallelize
+from .combine.parallelize import parallelize
 from .prompt_vocabulary import PromptVocabulary, UnknownWordsWarning
 from .denoising.batching import concat_states
 from .vae import VaeDecodeSettings, decodes_here

@@ -94,13 +94,13 @@ def add_layout_flags(parser) -> None:
 def add_engine_flags(parser) -> None:
     """Every flag of EngineSettings: model and dtype, the layout (with --compile) and VAE decode, loading, FP8.
     `meshdit generate` and `meshdit serve` both take exactly these (engine_settings_from_args reads them)."""
-    from .loading.cli_flags import add_loading_flags
-    from .quant.cli_flags import add_fp8_flags
+    from .loading.options import LoadOptions
+    from .quant.settings import Fp8Config
 
     add_model_flags(parser)
     add_layout_flags(parser)
-    add_loading_flags(parser)
-    add_fp8_flags(parser)
+    add_settings_flags(parser, LoadOptions)  # LoadOptions' fields declare their own argument group
+    add_settings_flags(parser.add_argument_group("FP8 (docs/fp8.md: each option's measured error)"), Fp8Config)
 
 
 def engine_settings_from_args(args) -> EngineSettings:

@@ -126,12 +126,12 @@ def sdpa_after_close(degrees: dict):
     """(SDPA routed while an engine is open, torch's own SDPA back after the last engine closes)."""
     import torch.nn.functional as F
 
-    from meshdit.parallel.sequence import _ORIGINAL_SDPA
+    from meshdit.attention.router import TORCH_SDPA
 
     config = split_layout(degrees)[0]
     first = Engine(pipeline("flux"), mesh_for(config))
     second = Engine(tiny_pipeline("flux"), mesh_for(config))
     first.close()
-    still_routed = F.scaled_dot_product_attention is not _ORIGINAL_SDPA  # the second engine still needs it
+    still_routed = F.scaled_dot_product_attention is not TORCH_SDPA  # the second engine still needs it
     second.close()
-    return still_routed, F.scaled_dot_product_attention is _ORIGINAL_SDPA
+    return still_routed, F.scaled_dot_product_attention is TORCH_SDPA

@@ -1,11 +1,11 @@
 """What validation needs to know about a model, read from its config files (no weights)."""
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 
 from ..config import GenerateRequest, ParallelConfig, RequestDefaults
+from ..config_files import read_json
 from ..errors import ConfigError
 from .registry import ModelFamily, family_for_pipeline
 
@@ -76,13 +76,13 @@ class ModelInfo:
     @classmethod
     def from_pretrained(cls, model: str) -> "ModelInfo":
         """Reads model_index.json, transformer/ and vae/ configs from a folder or the Hub cache."""
-        index = _read_json(model, "model_index.json")
+        index = read_json(model, "model_index.json")
         pipeline_class = index.get("_class_name")
         if not isinstance(pipeline_class, str):
             raise ConfigError(f"{model}: model_index.json names no pipeline (its \"_class_name\" is missing): "
                               "pass a folder written by save_pretrained, or restore the file from the model's source.")
-        transformer = _read_json(model, "transformer/config.json")
-        vae = _read_json(model, "vae/config.json")
+        transformer = read_json(model, "transformer/config.json")
+        vae = read_json(model, "vae/config.json")
         family = family_for_pipeline(pipeline_class)
         if family.is_video:
             from ..vae.settings import video_spatial_scale, video_temporal_scale
@@ -94,7 +94,7 @@ class ModelInfo:
         scheduler = index.get("scheduler")  # ["diffusers", "DDPMScheduler"]
         scheduler_class = scheduler[1] if isinstance(scheduler, list) and len(scheduler) == 2 else ""
         settings = {k: v for k, v in index.items() if not isinstance(v, list)}  # components are [library, class]
-        guider = _read_json(model, "guider/guider_config.json") if family.default_guidance_from_guider and \
+        guider = read_json(model, "guider/guider_config.json") if family.default_guidance_from_guider and \
             isinstance(index.get("guider"), list) else {}
         return cls(model, pipeline_class, family, transformer, int(vae_scale), str(scheduler_class),
                    int(temporal or 1), settings, guider.get("guidance_scale"))
@@ -298,54 +298,3 @@ class ModelInfo:
 def _first_attribute(pipe, *names: str):
     """The first of the pipeline's attributes `names` that it has (set and not None), else None."""
     return next((getattr(pipe, n) for n in names if getattr(pipe, n, None) is not None), None)
-
-
-def _read_json(model: str, name: str) -> dict:
-    if os.path.isdir(model):
-        path = os.path.join(model, name)
-        if not os.path.exists(path):
-            raise ConfigError(f"{model} is not a diffusers pipeline folder: {name} is missing. Pass a folder "
-                              "written by save_pretrained, or a Hugging Face Hub id.")
-    elif _looks_like_path(model):
-        raise ConfigError(f"model {model!r} was not found: there is no such folder. Pass a folder saved with "
-                          "save_pretrained, or a Hugging Face Hub id (owner/name).")
-    else:
-        path = _hub_file(model, name)
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
-        raise ConfigError(f"{path} is not valid JSON ({exc}): restore it from the model's source, or pass another "
-                          "--model.") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} holds a JSON {type(data).__name__}, not the object diffusers writes: restore it "
-                          "from the model's source, or pass another --model.")
-    return data
-
-
-def _looks_like_path(model: str) -> bool:
-    """Hub ids are `name` or `owner/name`; anything else is meant as a folder."""
-    return os.path.isabs(model) or model.startswith((".", "~")) or model.count("/") > 1
-
-
-def _hub_file(model: str, name: str) -> str:
-    """The file from the Hub's local cache, or downloaded; fails within seconds when the Hub is unreachable."""
-    try:
-        from huggingface_hub import hf_hub_download, try_to_load_from_cache
-
-        cached = try_to_load_from_cache(model, name)
-    except Exception:  # noqa: BLE001 - e.g. an id the Hub would refuse; hf_hub_download says why below
-        cached = None
-    if isinstance(cached, str):
-        return cached
-    if not os.environ.get("HF_HUB_OFFLINE"):
-        from ..preflight import check_hub_reachable
-
-        check_hub_reachable(model)
-    try:
-        return hf_hub_download(model, name)
-    except Exception as exc:  # noqa: BLE001 - any failure means: not reachable
-        raise ConfigError(
-            f"model {model!r} was not found: it is not a local folder, and {name} could not be read from the "
-            f"Hugging Face Hub or its local cache ({type(exc).__name__}). Pass a folder saved with "
-            "save_pretrained, or download the model first (e.g. `hf download MODEL`).") from None

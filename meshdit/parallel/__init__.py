@@ -1,2 +1,2 @@
 """Parallel strategies: sequence.py and pipefusion.py install hooks (apply_sequence_parallel, PipeFusion);
-cfg.py and data.py split work without hooks; parallelize.py combines them all into one Parallelized."""
+cfg.py and data.py split work without hooks; meshdit.combine.parallelize combines them all into one Parallelized."""

@@ -7,7 +7,7 @@ comes last in `parallelize`, after PipeFusion has replaced other stages' blocks 
 stay eager) and FP8 has swapped the Linear layers.
 
 What stays outside the graphs (it communicates):
-- the SDPA router (`parallel/sequence._routed_sdpa`, compiler-disabled): it runs the collectives of
+- the SDPA router (`attention/router.routed_sdpa`, compiler-disabled): it runs the collectives of
   Ulysses, ring and PipeFusion's stale K/V. Under sequence parallelism or PipeFusion each attention
   call is one graph break (a FLUX block: two graphs, one before and one after its attention); serial
   and CFG-parallel runs keep torch's own SDPA and have no break.

@@ -45,6 +45,24 @@ class MaskedTail:
 
 
 @dataclass(frozen=True)
+class NotSdpa:
+    """Attention value: the module computes attention without torch's SDPA, so the SDPA router never sees it,
+    and `exchange` makes it sequence-parallel instead. The case in view is linear attention (SANA): its output
+    phi(Q) (phi(K)^T V) / (phi(Q) phi(K)^T 1) needs from the other SP ranks only the K.V summary
+    phi(K)^T V [B, H, D, D] and the key sum phi(K)^T 1 [B, H, D], summed over tokens, so what travels is an
+    all-reduce of a fixed-size summary, not the K/V sequence.
+
+    `exchange(module, state, path) -> hook handles` is called by the sequence hooks for every attention module
+    the glob matches (`state`: the hooks' sequence state, with the SP group, the streams' per-rank lengths and,
+    under PipeFusion, the patch window, whose stale summary the exchange must then keep or refuse). The seam
+    guard expects such a module NOT to reach the router: if it calls torch's SDPA anyway, the run stops naming
+    it (that call would attend over this rank's shard only). No family uses it yet."""
+
+    streams: tuple[str, ...]
+    exchange: Callable
+
+
+@dataclass(frozen=True)
 class Gather:
     """Reassemble a module's output (sharded as `stream`) on every SP rank."""
 
@@ -57,10 +75,11 @@ class Gather:
 class SequencePlan:
     splits: tuple[Split, ...]
     gathers: tuple[Gather, ...]
-    attention: dict[str, tuple[str, ...] | str | MaskedTail] = field(default_factory=dict)
+    attention: dict[str, tuple[str, ...] | str | MaskedTail | NotSdpa] = field(default_factory=dict)
     """Glob over attention module paths -> the streams their q/k/v sequence
-    concatenates (any order), LOCAL, or a MaskedTail. First match wins; every attention module
-    in the transformer must match one glob."""
+    concatenates (any order), LOCAL, a MaskedTail, or NotSdpa. First match wins; every attention module
+    in the transformer must match one glob. Every module given streams or a MaskedTail must call torch's
+    SDPA whenever it runs (the router checks it on every forward); one that attends another way is NotSdpa."""
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,10 @@
 Hooks shard the plan's inputs across the SP ranks, mark each attention module
 with the token streams its sequence holds, and gather the plan's outputs. Inside
 a marked module, torch's scaled_dot_product_attention (which every diffusers
-attention processor ends in) is routed to USP attention; everywhere else it is
-untouched.
+attention processor ends in) reaches this module's handlers through the SDPA router
+(attention/router.py): USP attention, or PipeFusion's stale K/V; everywhere else it is
+untouched. After every transformer forward the hooks check that each marked module that
+ran did reach the router (the seam guard), else the run stops naming the module.
 """
 from __future__ import annotations
 
@@ -15,13 +17,14 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.distributed import ProcessGroup
-import torch.nn.functional as F
 
 from ..attention.kernels import attention_with_lse
+from ..attention.router import TORCH_SDPA, install_sdpa_router, is_attention, route_during_forward, unreached
 from ..attention.usp import EXACT, SequenceGroups, WireCodecs, usp_attention
 from ..distributed.comm import all_gather_uneven, group_rank, group_size, split_sizes
 from ..distributed.mesh import ParallelMesh
-from .plan import LOCAL, OUTPUT, MaskedTail, SequencePlan
+from ..errors import ConfigError
+from .plan import LOCAL, OUTPUT, MaskedTail, NotSdpa, SequencePlan
 
 
 def sequence_groups(mesh: ParallelMesh) -> SequenceGroups:
@@ -46,7 +49,7 @@ class _SequenceState:
     stale_kv: object = None
     """PipeFusion: the per-layer K/V buffers attention reads from (None: plain sequence parallelism)."""
     backend: object = None
-    """The attention kernel (None: torch's SDPA); see meshdit.quant.runtime.Fp8AttentionBackend."""
+    """The attention kernel (None: torch's SDPA); see meshdit.combine.fp8_runtime.Fp8AttentionBackend."""
     codecs: WireCodecs = EXACT
     """What encodes the sequence-parallel traffic (EXACT: nothing)."""
     tail_mask: tuple | None = None
@@ -55,7 +58,7 @@ class _SequenceState:
 
     def local_attention(self, q, k, v, scale):
         if self.backend is None:
-            return _ORIGINAL_SDPA(q, k, v, scale=scale)
+            return TORCH_SDPA(q, k, v, scale=scale)
         return self.backend.local(q, k, v, scale)
 
     @property
@@ -201,100 +204,11 @@ class _MaskedTailAttention:
         return self.state.tail_mask[2]
 
 
-class _WhileRunning:
-    """A value that hooks set while a module runs (innermost last), read by the SDPA router.
-
-    A plain list rather than a ContextVar: torch.compile traces a list append inside a compiled
-    block (ContextVar.set would break the graph there), and a rank runs one forward at a time.
-    """
-
-    def __init__(self) -> None:
-        self.stack: list = []
-
-    def get(self):
-        return self.stack[-1] if self.stack else None
-
-
-_ACTIVE = _WhileRunning()  # the _ActiveAttention of the sequence-parallel attention module running now
-_BACKEND = _WhileRunning()  # the attention backend (FP8) of the attention module running now
-_ORIGINAL_SDPA = F.scaled_dot_product_attention
-
-
-@torch.compiler.disable  # collectives inside: under --compile, one graph break per attention call
-def _routed_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
-    active = _ACTIVE.get()
-    if active is None:
-        backend = _BACKEND.get()
-        plain = attn_mask is None and not dropout_p and not is_causal and not kwargs.get("enable_gqa")
-        if backend is not None and plain:  # masked attention (e.g. PixArt's captions) stays on SDPA
-            return backend.local(query, key, value, scale)
-        return _ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                              is_causal=is_causal, scale=scale, **kwargs)
-    return active(query, key, value, attn_mask, dropout_p, is_causal, scale, **kwargs)
-
-
-class _SdpaRouting:
-    """torch's SDPA routed through `_routed_sdpa` while any hook set needs it (reference-counted).
-
-    Every diffusers processor looks the function up on torch.nn.functional at call time,
-    so routing it here covers them all without copying any. The last remove() puts
-    torch's own function back.
-    """
-
-    users = 0
-
-    def __init__(self) -> None:
-        if _SdpaRouting.users == 0:
-            torch.nn.functional.scaled_dot_product_attention = _routed_sdpa
-        _SdpaRouting.users += 1
-        self._removed = False
-
-    def remove(self) -> None:
-        if self._removed:
-            return
-        self._removed = True
-        _SdpaRouting.users -= 1
-        if _SdpaRouting.users == 0:
-            torch.nn.functional.scaled_dot_product_attention = _ORIGINAL_SDPA
-
-
-def _install_sdpa_router() -> _SdpaRouting:
-    """Routes SDPA until the returned handle is removed (it goes with the hooks' handles)."""
-    return _SdpaRouting()
-
-
 def _named_inputs(module, args, kwargs):
     # a PipeFusion stand-in (SkipBlock) states the signature of the block it replaced
     signature = getattr(module, "signature", None) or inspect.signature(module.forward)
     bound = signature.bind_partial(*args, **kwargs)
     return dict(bound.arguments)
-
-
-def apply_attention_backend(transformer: torch.nn.Module, backend) -> list:
-    """Every attention module of `transformer` computes with `backend` (no communication); returns hooks."""
-    handles = [_install_sdpa_router()]
-    for module in transformer.modules():
-        if not _is_attention(module):
-            continue
-
-        handles += _set_during_forward(module, _BACKEND, backend)
-    return handles
-
-
-def _set_during_forward(module: torch.nn.Module, var: _WhileRunning, value) -> list:
-    """Hooks that set `var` to `value` while `module` runs (its attention calls see it); returns the handles.
-
-    Nothing is left on the diffusers module; inside a compiled block the hooks trace without a graph break.
-    """
-
-    def enter(_mod, _args):
-        var.stack.append(value)
-
-    def leave(_mod, _args, _out):
-        if var.stack:
-            var.stack.pop()
-
-    return [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
 
 
 def apply_sequence_parallel(transformers: torch.nn.Module | list[torch.nn.Module], plan: SequencePlan,
@@ -311,7 +225,7 @@ def apply_sequence_parallel(transformers: torch.nn.Module | list[torch.nn.Module
     sp_group = mesh.group("sp")
     state = _SequenceState(sequence_groups(mesh), sp_group, group_rank(sp_group), group_size(sp_group),
                            backend=backend, codecs=codecs)
-    handles = [_install_sdpa_router()]
+    handles = [install_sdpa_router()]
     many = isinstance(transformers, (list, tuple))
     for index, transformer in enumerate(transformers if many else [transformers]):
         handles += _hook_transformer(transformer, plan, state, f"{index}:" if many and index else "")
@@ -348,23 +262,61 @@ def _hook_transformer(transformer: torch.nn.Module, plan: SequencePlan, state: _
             return state.gather(out, gather.dim, gather.stream)
         handles.append(_find(modules, gather.module).register_forward_hook(gather_output))
 
+    marked = {}  # id(handler) -> attention module, of the modules that must reach the router
     for name, module in modules.items():
-        if not _is_attention(module):
+        if not is_attention(module):
             continue
         streams = _match(plan.attention, name)
         if streams == LOCAL:
+            continue
+        if isinstance(streams, NotSdpa):  # made sequence-parallel by its own exchange; SDPA would be wrong there
+            handles += route_during_forward(module, _SdpaNotExpected(prefix + name), guarded=False)
+            handles += streams.exchange(module, state, prefix + name)
             continue
         if isinstance(streams, MaskedTail):
             active = _MaskedTailAttention(state, streams, prefix + name)
         else:
             active = _ActiveAttention(state, tuple(streams), prefix + name)
-        handles += _set_during_forward(module, _ACTIVE, active)
-    return handles
+        marked[id(active)] = module
+        handles += route_during_forward(module, active)
+    return handles + _guard_attention_seam(transformer, marked)
 
 
-def _is_attention(module: torch.nn.Module) -> bool:
-    # diffusers' attention modules carry a processor that does the actual attention
-    return hasattr(module, "processor") and hasattr(module, "set_processor")
+def _guard_attention_seam(transformer: torch.nn.Module, marked: dict) -> list:
+    """Hooks that stop the run after a forward in which a marked attention module ran without its attention
+    reaching the router: its processor attends some other way (explicit matmuls, linear attention), over this
+    rank's shard only."""
+
+    def forget(_mod, _args):
+        unreached()  # marked modules run outside a forward (a block called alone) are not this forward's
+
+    def check(_mod, _args, _out):
+        missing = unreached()
+        if missing:
+            names = "; ".join(f"{h.module_name} ({type(marked[id(h)].processor).__name__})" if id(h) in marked
+                              else h.module_name for h in missing)
+            raise ConfigError(
+                f"attention module {names} ran without calling torch's scaled_dot_product_attention, so under "
+                "sequence parallelism or PipeFusion it attended over this rank's tokens only. Give it a processor "
+                "that calls SDPA, mark it NotSdpa in the family's plan with an exchange that makes it "
+                "sequence-parallel (parallel/plan.py), or run with --ulysses-degree, --ring-degree and "
+                "--pipefusion-parallel-degree 1.")
+
+    return [transformer.register_forward_pre_hook(forget), transformer.register_forward_hook(check)]
+
+
+@dataclass
+class _SdpaNotExpected:
+    """The router's handler for a NotSdpa module: its plan says it attends without SDPA, so a call is an error."""
+
+    module_name: str
+
+    def __call__(self, *args, **kwargs):
+        raise ConfigError(
+            f"attention module {self.module_name} called torch's scaled_dot_product_attention, but the plan marks "
+            "it NotSdpa (made sequence-parallel by its own exchange), so the call would attend over this rank's "
+            "tokens only: mark it with the streams it attends over instead, or give it the processor its "
+            "exchange is written for.")
 
 
 def _find(modules: dict, path: str) -> torch.nn.Module:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config_files import read_json
 from ..errors import ConfigError
 from ..flag_spec import flag_text, flagged
 
@@ -170,6 +171,4 @@ def check_vae_of_model(model: str, settings: VaeDecodeSettings, height: int, wid
     """check_vae_config on the VAE config of a pipeline folder or Hub id (read without torch)."""
     if not (settings.parallel or settings.tiled):
         return
-    from ..models.info import _read_json
-
-    check_vae_config(_read_json(model, "vae/config.json"), settings, height, width)
+    check_vae_config(read_json(model, "vae/config.json"), settings, height, width)

@@ -1,11 +1,13 @@
 """The one place that combines strategies, in a fixed order."""
 from __future__ import annotations
 
+from ..attention.router import apply_attention_backend
 from ..distributed.mesh import ParallelMesh, SingleProcessMesh
+from ..parallel.pipefusion import PipeFusion
+from ..parallel.plan import ModelPlan
+from ..parallel.sequence import apply_sequence_parallel
+from . import fp8_runtime
 from .parallelized import Parallelized
-from .pipefusion import PipeFusion
-from .plan import ModelPlan
-from .sequence import apply_attention_backend, apply_sequence_parallel
 
 
 def denoisers(pipe) -> list:
@@ -23,37 +25,36 @@ def parallelize(pipe, plan: ModelPlan, mesh: ParallelMesh | SingleProcessMesh, f
     engine drives it. With fp8 None or all off, nothing FP8 is installed: the
     computation is the exact one.
     """
-    from ..quant import runtime
-
     done = Parallelized(mesh)
     config = mesh.config
     if fp8 is not None:  # the CLI checked it before ranks started; an API caller learns here
         fp8.validate(config.pipefusion_parallel_degree)
     if config.compile:
-        from .compile import check_backend
+        from ..parallel.compile import check_backend
 
         check_backend(config.compile)  # before any hook is installed
     device = mesh.device
-    backend = runtime.attention_backend(fp8, device)
+    backend = fp8_runtime.attention_backend(fp8, device)
     transformers = denoisers(pipe)
     if backend is not None:  # attention no sequence-parallel hook routes (serial, cross-attention)
         for transformer in transformers:
             done.handles += apply_attention_backend(transformer, backend)
     if config.sp_degree > 1 or config.pipefusion_parallel_degree > 1:
         # PipeFusion reuses the sequence hooks to cut the image stream into patches
-        done.sequence_state, handles = apply_sequence_parallel(transformers, plan.sequence, mesh, backend,
-                                                               runtime.wire_codecs(fp8, device))
+        codecs = fp8_runtime.wire_codecs(fp8, device)
+        done.sequence_state, handles = apply_sequence_parallel(transformers, plan.sequence, mesh, backend, codecs)
         done.handles += handles
     if config.pipefusion_parallel_degree > 1:
         done.pipefusion = PipeFusion(transformers, plan.stages, mesh, done.sequence_state,
-                                     runtime.pipe_codec_for(fp8, device), runtime.stale_kv_format(fp8, device))
+                                     fp8_runtime.pipe_codec_for(fp8, device),
+                                     fp8_runtime.stale_kv_format(fp8, device))
         done.handles += done.pipefusion.handles
     for transformer in transformers:
         if fp8 is not None and fp8.gemm:
             # after PipeFusion's split: stages balance as without FP8, and only this stage's blocks are quantized
-            runtime.quantize_transformer(transformer, [spec.path for spec in plan.stages.blocks])
+            fp8_runtime.quantize_transformer(transformer, [spec.path for spec in plan.stages.blocks])
         if config.compile:  # last: the blocks this stage keeps, FP8 Linear layers included
-            from .compile import compile_blocks
+            from ..parallel.compile import compile_blocks
 
             done.handles += compile_blocks(transformer, plan.stages, config.compile)
     return done

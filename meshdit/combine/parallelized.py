@@ -17,7 +17,7 @@ from ..distributed.comm import all_reduce
 from ..denoising.loop import denoise
 from ..denoising.pipefusion_loop import pipefusion_denoise
 from ..vae import decode, decodes_here, share_images
-from . import data
+from ..parallel import data
 
 
 @dataclass

@@ -5,9 +5,9 @@ import torch
 
 from ..attention.fp8 import fp8_attention_with_lse, gpu_kernel
 from ..attention.usp import EXACT, WireCodecs
-from .codec import Fp8WireCodec
-from .formats import check_fp8_gemm, fp8_dtype
-from .settings import Fp8Config
+from ..quant.codec import Fp8WireCodec
+from ..quant.formats import check_fp8_gemm, fp8_dtype
+from ..quant.settings import Fp8Config
 
 
 class Fp8AttentionBackend:
@@ -58,7 +58,7 @@ def stale_kv_format(fp8: Fp8Config | None, device: torch.device) -> torch.dtype 
 
 def quantize_transformer(transformer: torch.nn.Module, block_lists: list[str]) -> int:
     """FP8 weights for the Linear layers of the block lists; returns how many layers."""
-    from .fp8_linear import quantize_block_lists
+    from ..quant.fp8_linear import quantize_block_lists
 
     check_fp8_gemm(next(transformer.parameters()).device)
     return quantize_block_lists(transformer, block_lists)

@@ -1,0 +1,61 @@
+"""Reading a model's config files (model_index.json, <component>/config.json) from a pipeline folder or the
+Hub, without torch: the checks made before any rank starts (models/info.py, vae/settings.py) read only these."""
+from __future__ import annotations
+
+import json
+import os
+
+from .errors import ConfigError
+
+
+def read_json(model: str, name: str) -> dict:
+    """The JSON object `name` (e.g. "vae/config.json") of the pipeline folder or Hub id `model`; a ConfigError
+    naming the fix when the folder, the file or the Hub is missing, or the file is not a JSON object."""
+    if os.path.isdir(model):
+        path = os.path.join(model, name)
+        if not os.path.exists(path):
+            raise ConfigError(f"{model} is not a diffusers pipeline folder: {name} is missing. Pass a folder "
+                              "written by save_pretrained, or a Hugging Face Hub id.")
+    elif _looks_like_path(model):
+        raise ConfigError(f"model {model!r} was not found: there is no such folder. Pass a folder saved with "
+                          "save_pretrained, or a Hugging Face Hub id (owner/name).")
+    else:
+        path = _hub_file(model, name)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise ConfigError(f"{path} is not valid JSON ({exc}): restore it from the model's source, or pass another "
+                          "--model.") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} holds a JSON {type(data).__name__}, not the object diffusers writes: restore it "
+                          "from the model's source, or pass another --model.")
+    return data
+
+
+def _looks_like_path(model: str) -> bool:
+    """Hub ids are `name` or `owner/name`; anything else is meant as a folder."""
+    return os.path.isabs(model) or model.startswith((".", "~")) or model.count("/") > 1
+
+
+def _hub_file(model: str, name: str) -> str:
+    """The file from the Hub's local cache, or downloaded; fails within seconds when the Hub is unreachable."""
+    try:
+        from huggingface_hub import hf_hub_download, try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model, name)
+    except Exception:  # noqa: BLE001 - e.g. an id the Hub would refuse; hf_hub_download says why below
+        cached = None
+    if isinstance(cached, str):
+        return cached
+    if not os.environ.get("HF_HUB_OFFLINE"):
+        from .preflight import check_hub_reachable
+
+        check_hub_reachable(model)
+    try:
+        return hf_hub_download(model, name)
+    except Exception as exc:  # noqa: BLE001 - any failure means: not reachable
+        raise ConfigError(
+            f"model {model!r} was not found: it is not a local folder, and {name} could not be read from the "
+            f"Hugging Face Hub or its local cache ({type(exc).__name__}). Pass a folder saved with "
+            "save_pretrained, or download the model first (e.g. `hf download MODEL`).") from None
