@@ -2,9 +2,10 @@
 
 Whatever happens on one rank ends all of them promptly: a rank that raises, a rank
 that dies, a rank that freezes (heartbeats, watch.py), Ctrl-C or SIGTERM to the
-launcher. The error names the first failing rank, with its traceback once, and
-one line for each other rank. Nothing is left behind: no temp folders, no error
-files, no processes (a rank whose launcher is killed exits on its own).
+launcher. The error names the failing rank (blame.py: a rank's own error, else a
+rank that died and its signal, before the broken connections the others then see),
+with its traceback once, and one line for each other rank. Nothing is left behind:
+no temp folders, no error files, no processes (a rank whose launcher is killed exits on its own).
 
 Ranks report over one pipe each (no multiprocessing queues or locks, whose
 semaphores a killed rank would leak). This module imports no torch: a rank starts
@@ -25,6 +26,7 @@ from contextlib import contextmanager
 from typing import Any, Callable
 
 from ..errors import ConfigError, RankFailedError
+from .blame import RankFailure, death, failure_report
 from .hard_exit import hard_exit
 from .ports import free_port
 from .watch import HeartbeatWatch, RankLink, heartbeat_timeout
@@ -149,7 +151,7 @@ def _watch(procs: list, conns: list, timeout: float) -> None:
     world = len(procs)
     watch = HeartbeatWatch(world, timeout)
     done: set[int] = set()
-    failed: dict[int, tuple[float, str, str]] = {}   # rank -> (time, one line, traceback)
+    failed: dict[int, RankFailure] = {}
     open_conns = dict(enumerate(conns))
     first_failure_at = None
     while True:
@@ -164,12 +166,12 @@ def _watch(procs: list, conns: list, timeout: float) -> None:
                     if message[0] == "done":
                         done.add(rank)
                     elif message[0] == "error":
-                        failed[rank] = message[1:]
+                        failed[rank] = RankFailure(*message[1:])
             except (EOFError, OSError):
                 del open_conns[rank]
         for rank, proc in enumerate(procs):  # died without a word: killed, or crashed in C++
             if proc.exitcode not in (None, 0) and rank not in failed and rank not in open_conns:
-                failed[rank] = (time.time(), f"died ({_exit_text(proc.exitcode)})", "")
+                failed[rank] = death(time.time(), proc.exitcode)
         if len(done) == world and all(p.exitcode is not None or not p.is_alive() for p in procs):
             return
         if failed and first_failure_at is None:
@@ -177,7 +179,7 @@ def _watch(procs: list, conns: list, timeout: float) -> None:
         if first_failure_at is not None:
             settled = all(r in failed or r in done for r in range(world))
             if settled or time.monotonic() - first_failure_at > _GRACE_AFTER_FAILURE_S:
-                raise RankFailedError(_failure_report(failed, done, world))
+                raise RankFailedError(failure_report(failed, done, world))
             continue
         frozen = watch.silent(r for r in range(world) if r not in done)
         if frozen:
@@ -187,38 +189,6 @@ def _watch(procs: list, conns: list, timeout: float) -> None:
                 f"rank {rank} stopped responding: no heartbeat for {silent_s:.0f} s (frozen, stopped with SIGSTOP, "
                 f"or starved of CPU; limit MESHDIT_HEARTBEAT_TIMEOUT={timeout:g} s). Silent: {names}; "
                 "every rank was stopped.")
-
-
-def _exit_text(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
-def _failure_report(failed: dict, done: set, world: int) -> str:
-    """The first failure with its traceback; one line for every other rank."""
-    first = min(failed, key=lambda r: failed[r][0])
-    _, line, text = failed[first]
-    report = [f"rank {first} failed: {line}"]
-    if text:
-        report.append(text.rstrip())
-    others = []
-    for rank in range(world):
-        if rank == first:
-            continue
-        if rank in failed:
-            line = failed[rank][1]
-            others.append(f"rank {rank} failed after it: {line if len(line) <= 110 else line[:107] + '...'}")
-        elif rank in done:
-            others.append(f"rank {rank} had finished")
-        else:
-            others.append(f"rank {rank} was stopped")
-    if others:
-        report.append("other ranks: " + "; ".join(others))
-    return "\n".join(report)
 
 
 def _stop(procs: list) -> None:
