@@ -14,6 +14,7 @@ from .errors import ConfigError
 from .distributed.mesh import ParallelMesh, SingleProcessMesh
 from .models.info import ModelInfo
 from .parallel.parallelize import parallelize
+from .phases import reached
 from .prompt_vocabulary import PromptVocabulary, UnknownWordsWarning
 from .denoising.batching import concat_states
 from .vae import VaeDecodeSettings, decodes_here
@@ -109,6 +110,7 @@ class Engine:
         latents = parallel.denoise(self.recipe, state, requests[0], show_progress,
                                    parallel.agreed(on_step, self.mesh.device))
         seconds["denoise"] = time.perf_counter() - start - seconds["prepare"]
+        reached("decoding")
         # [B, 3, H, W] in [-1, 1] on every rank of the image group; decode_latents runs only where the VAE does
         image = parallel.decode(self.pipe.vae, lambda: self.recipe.decode_latents(state, latents), self.vae,
                                 self.mesh.device, **self.recipe.vae_decode_kwargs(state))

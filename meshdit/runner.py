@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from .config import GenerateRequest, ParallelConfig
 from .logs import quiet_libraries
 from .output import save_images, save_videos
+from .phases import reached
 from .prompt_vocabulary import UnknownWordsWarning
 from .vae import VaeDecodeSettings
 
@@ -39,6 +41,7 @@ def run_generate(job: GenerateJob) -> None:
 
     from .distributed.mesh import ParallelMesh, init_distributed
     from .engine import Engine
+    from .parallel.compile import compiling_notice
     from .vae import peak_memory_report
 
     device = init_distributed()
@@ -48,10 +51,13 @@ def run_generate(job: GenerateJob) -> None:
         # for the default model with 2 threads while another process held one of 2 cores).
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
     mesh = ParallelMesh.build(job.config, device)
+    reached("loading")
     start = time.perf_counter()
     engine = Engine.from_pretrained(job.model, mesh, getattr(torch, job.dtype) if job.dtype in DTYPES else None,
                                     job.vae, job.verbose, loading=job.loading, fp8=job.fp8)
     load_s = time.perf_counter() - start
+    if job.config.compile and mesh.is_output_rank:  # else the bar sits at step 0 while the blocks compile
+        print(compiling_notice(job.config.compile), file=sys.stderr, flush=True)
     with warnings.catch_warnings():  # the CLI warned about unknown words before the ranks started
         warnings.simplefilter("ignore", UnknownWordsWarning)
         result = engine.generate(job.request, output_type="np", show_progress=mesh.is_output_rank)

@@ -96,6 +96,21 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextmanager
+def _sigint_ignored_by_children():
+    """Processes started inside ignore Ctrl-C (an ignored signal stays ignored across exec): the terminal
+    sends SIGINT to the whole group, and a rank interrupted on its own, mid-import or mid-collective,
+    prints tracebacks; the launcher alone takes Ctrl-C and stops the ranks with SIGTERM (`_stop`)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _summary(exc: BaseException) -> str:
     """'ConfigError: first line of the message'."""
     lines = str(exc).strip().splitlines()
@@ -135,7 +150,8 @@ def _spawn_and_watch(entry: Callable[[Any], None], payload: Any, world_size: int
             parent, child = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_rank_main, args=(rank, world_size, port, child, job, timeout),
                                name=f"meshdit-rank{rank}", daemon=True)
-            proc.start()
+            with _sigint_ignored_by_children():
+                proc.start()
             child.close()
             procs.append(proc)
             conns.append(parent)
@@ -217,6 +233,7 @@ def _rank_main(rank: int, world_size: int, port: int, conn, job: bytes, timeout:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's (it sends SIGTERM)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     code = 0
@@ -236,13 +253,21 @@ def _rank_main(rank: int, world_size: int, port: int, conn, job: bytes, timeout:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         link.stop_heartbeat()
-        if "torch.distributed" in sys.modules:
-            from .mesh import teardown_distributed
-
-            teardown_distributed()
+        _leave_world()
         sys.stdout.flush()
         sys.stderr.flush()
     hard_exit(code)  # gloo may abort in interpreter teardown; everything is flushed
+
+
+def _leave_world() -> None:
+    """Destroys the process group if this rank joined one. Never imports: a rank stopped while importing
+    torch has a half-initialised torch in sys.modules, and importing it again raises."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - leaving anyway; the launcher has the rank's own report
+        pass
 
 
 def _thread_lock_for_tqdm() -> None:
