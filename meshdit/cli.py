@@ -58,6 +58,15 @@ def warn_unknown_words(model: str, prompts: list[str]) -> None:
         print(f"meshdit: warning: {note}", file=sys.stderr)
 
 
+def warn_if_heavy(model: str, info, config, request, vae, dtype) -> None:
+    """Before the ranks start: a request that will take very long or needs more memory than this machine has."""
+    from .request_cost import estimate, warning
+
+    note = warning(estimate(model, info, config, request, vae, dtype), request, info.request_defaults())
+    if note:
+        print(f"meshdit: warning: {note}", file=sys.stderr)
+
+
 def generate_command(args) -> None:
     from .output import check_output_path
 
@@ -74,6 +83,7 @@ def generate_command(args) -> None:
     output = args.output or ("meshdit.mp4" if info.is_video else "meshdit.png")
     check_output_writable(output, num_images)
     check_output_path(output, num_images, info.is_video)
+    warn_if_heavy(model, info, config, request, vae, args.dtype)
     # torch, diffusers and transformers are imported only now that the request is known to be valid.
     from .distributed.launch import launch
     from .runner import GenerateJob, run_generate
