@@ -7,7 +7,7 @@ from . import __version__
 from .errors import ConfigError, RankFailedError
 from .flags import (FlagParser, add_layout_flags, add_model_flags, add_output_flags, add_request_flags,
                     layout_from_args, model_from_args, request_from_args)
-from .preflight import check_output_writable, read_prompt_file
+from .preflight import check_output_writable, check_temp_folder, read_prompt_file
 from .loading.cli_flags import add_loading_flags, loading_options
 from .quant.cli_flags import add_fp8_flags, fp8_config_from_args
 
@@ -83,6 +83,9 @@ def generate_command(args) -> None:
     output = args.output or ("meshdit.mp4" if info.is_video else "meshdit.png")
     check_output_writable(output, num_images)
     check_output_path(output, num_images, info.is_video)
+    temp_note = check_temp_folder()
+    if temp_note:
+        print(f"meshdit: warning: {temp_note}", file=sys.stderr)
     warn_if_heavy(model, info, config, request, vae, args.dtype)
     # torch, diffusers and transformers are imported only now that the request is known to be valid.
     from .distributed.launch import launch
