@@ -88,10 +88,12 @@ def test_a_full_tmpdir_with_a_usable_fallback_is_a_warning(tmp_path, monkeypatch
     assert check_temp_folder() is None
 
 
-def _in_private_mounts(script: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def _in_private_mounts(script: str, scratch: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     """Runs a shell script in a mount namespace of its own (mounts made there are seen by nothing else)."""
+    (scratch / "probe").mkdir()
     probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount --make-rprivate / && mount -t tmpfs -o size=4k "
-                            "tmpfs /mnt"], capture_output=True, text=True)
+                            f"tmpfs {scratch / 'probe'}"], capture_output=True, text=True)
+    (scratch / "probe").rmdir()
     if probe.returncode != 0:
         pytest.skip(f"no private mount namespace here (unshare -m, mount): {probe.stderr.strip()}")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -107,30 +109,33 @@ def _fill(folder: str) -> str:
 
 
 def test_cli_with_tmp_and_var_tmp_full_names_them_before_ranks_start(tmp_path):
-    proc = _in_private_mounts(
-        f"mount --bind {tmp_path} /mnt\n" + _fill("/tmp") + _fill("/var/tmp") +
-        f"cd /tmp\nexport TMPDIR=/var/tmp\n{sys.executable} -m meshdit generate --output /mnt/x.png\n", timeout=120)
+    proc = _in_private_mounts(  # the output goes into the full /tmp of the namespace: it is refused before
+        _fill("/tmp") + _fill("/var/tmp") +
+        f"cd /tmp\nexport TMPDIR=/var/tmp\n{sys.executable} -m meshdit generate --output /tmp/x.png\n", tmp_path,
+        timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert ("meshdit: error: no folder can hold temporary files: TMPDIR=/var/tmp is full (ENOSPC: No space left on "
             "device); /tmp is full (ENOSPC: No space left on device); /var/tmp is full") in proc.stderr, proc.stderr
     assert "set TMPDIR to a folder with free space" in proc.stderr and "Traceback" not in proc.stderr
-    assert "rank" not in proc.stderr and os.listdir(tmp_path) == []
+    assert "rank" not in proc.stderr
 
 
 def test_cli_output_on_a_full_disk_says_so_and_keeps_the_earlier_file(tmp_path):
     (tmp_path / "tmpdir").mkdir()
+    disk = tmp_path / "disk"
+    disk.mkdir()
     proc = _in_private_mounts(
-        "mount -t tmpfs -o size=64k tmpfs /mnt\nprintf earlier > /mnt/out.npy\n"
-        "head -c 1048576 /dev/zero > /mnt/filler 2>/dev/null || true\n"
+        f"mount -t tmpfs -o size=64k tmpfs {disk}\nprintf earlier > {disk}/out.npy\n"
+        f"head -c 1048576 /dev/zero > {disk}/filler 2>/dev/null || true\n"
         f"export TMPDIR={tmp_path / 'tmpdir'}\n"
-        f"{sys.executable} -m meshdit generate --steps 1 --output /mnt/out.npy || echo status=$?\n"
-        "cat /mnt/out.npy; echo; ls -a /mnt\n")
+        f"{sys.executable} -m meshdit generate --steps 1 --output {disk}/out.npy || echo status=$?\n"
+        f"cat {disk}/out.npy; echo; ls -a {disk}\n", tmp_path)
     assert "status=1" in proc.stdout, proc.stderr
-    assert ("rank 0 failed: OutputWriteError: cannot write /mnt/out.npy: disk full (ENOSPC: No space left on "
+    assert (f"rank 0 failed: OutputWriteError: cannot write {disk}/out.npy: disk full (ENOSPC: No space left on "
             "device") in proc.stderr, proc.stderr
-    assert "the earlier /mnt/out.npy is unchanged; free space on the file system of /mnt" in proc.stderr
+    assert f"the earlier {disk}/out.npy is unchanged; free space on the file system of {disk}" in proc.stderr
     assert "[Errno" not in proc.stderr
     listing = proc.stdout.split("status=1\n", 1)[1]
     assert listing.split() == ["earlier", ".", "..", "filler", "out.npy"], proc.stdout   # no partial file left
     # torch's compile cache folder (made by torch itself, kept between runs) is the only thing there
-    assert set(os.listdir(tmp_path / "tmpdir")) <= {"torchinductor_root"}
+    assert set(os.listdir(tmp_path / "tmpdir")) <= {"torchinductor_root"} and os.listdir(disk) == []
