@@ -18,11 +18,20 @@ HOLD_S = 600.0
 
 
 def reached(phase: str) -> None:
-    """This rank starts `phase`; holds here when MESHDIT_HOLD_PHASE names it."""
-    if os.environ.get("MESHDIT_HOLD_PHASE") != phase:
+    """This rank starts `phase`; holds here when MESHDIT_HOLD_PHASE names it. PHASE:native holds inside
+    long native calls instead (8192 x 8192 matrix products: seconds each), which Python cannot interrupt,
+    as a huge request's attention call would be."""
+    hold, _, how = os.environ.get("MESHDIT_HOLD_PHASE", "").partition(":")
+    if hold != phase:
         return
     print(f"meshdit: rank {os.environ.get('RANK', '0')} holding in phase {phase} (MESHDIT_HOLD_PHASE)",
           file=sys.stderr, flush=True)
     deadline = time.monotonic() + HOLD_S
+    if how == "native":
+        import torch
+
+        a = torch.ones(8192, 8192)
+        while time.monotonic() < deadline:
+            torch.mm(a, a)
     while time.monotonic() < deadline:
         time.sleep(0.05)

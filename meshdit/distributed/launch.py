@@ -68,7 +68,8 @@ def launch(entry: Callable[[Any], None], payload: Any, world_size: int) -> None:
             saved = {k: os.environ.get(k) for k in world}
             os.environ.update(world)
             try:
-                _run_in_process(entry, payload)
+                with _exit_soon_after_interrupt():
+                    _run_in_process(entry, payload)
             finally:  # else a later launch in this process would take itself for a torchrun rank
                 for key, value in saved.items():
                     if value is None:
@@ -94,6 +95,44 @@ def _sigterm_as_interrupt():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _exit_soon_after_interrupt(grace_s: float = _STOP_GRACE_S):
+    """For the one rank run in this process: Ctrl-C or SIGTERM during one long native operation (a huge
+    request's attention call) would wait for it to return, since Python handles signals between bytecodes.
+    The signal's C handler writes to a wakeup fd at once: a thread reading it ends the process with 130
+    if the run has not unwound within grace_s."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    unwound = threading.Event()
+
+    def watch() -> None:
+        while not unwound.is_set():
+            try:
+                data = os.read(read_fd, 64)
+            except OSError:
+                return
+            if not data:
+                return  # closed: the run is over
+            if {signal.SIGINT, signal.SIGTERM} & set(data) and not unwound.wait(grace_s):
+                print("meshdit: interrupted; all ranks stopped", file=sys.stderr, flush=True)
+                hard_exit(130)
+
+    thread = threading.Thread(target=watch, name="meshdit-interrupt-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        unwound.set()
+        signal.set_wakeup_fd(previous)
+        os.close(write_fd)
+        thread.join(timeout=1.0)
+        os.close(read_fd)
 
 
 @contextmanager

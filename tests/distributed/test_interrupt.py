@@ -83,3 +83,15 @@ def test_compiling_is_shown_as_its_own_phase_and_ctrl_c_stops_it(tiny_flux_dir, 
     time.sleep(1.0)   # into the compilation, which takes tens of seconds here
     assert "1/2" not in seen + read_until(proc, "1/2", 0.5), "compiling ended before the test could interrupt it"
     _interrupt_and_check(proc, tmp_path, out, seen)
+
+
+def test_ctrl_c_of_one_rank_inside_a_long_native_call(tiny_flux_dir, tmp_path):
+    """One rank runs in the launcher's process; it is held inside native matrix products of seconds each
+    (as a huge request's attention call), which Python cannot interrupt until they return."""
+    out = tmp_path / "x.png"
+    proc = start_cli(["--model", tiny_flux_dir, "--height", "32", "--width", "32", "--steps", "2", "--output",
+                      str(out)], tmp_path, MESHDIT_HOLD_PHASE="loading:native")
+    seen = read_until(proc, "rank 0 holding in phase loading", 180)
+    assert "rank 0 holding in phase loading" in seen, seen
+    time.sleep(0.5)   # inside the first product
+    _interrupt_and_check(proc, tmp_path, out, seen)
