@@ -48,10 +48,13 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
 
 
 def processes_left(proc: subprocess.Popen, wait: float = 10) -> str:
-    """`pgrep -a` of the run's session once it is empty or `wait` s have passed."""
+    """The run's session's live processes (`ps` lines) once there are none or `wait` s have passed. Zombies
+    are not counted: they have ended, and an orphan's is reaped by init, which may take its time."""
     deadline = time.monotonic() + wait
     while True:
-        left = subprocess.run(["pgrep", "-a", "-s", str(proc.pid)], capture_output=True, text=True).stdout
+        listing = subprocess.run(["ps", "-o", "pid=,stat=,args=", "-s", str(proc.pid)], capture_output=True,
+                                 text=True).stdout
+        left = "".join(line + "\n" for line in listing.splitlines() if not line.split()[1].startswith("Z"))
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)

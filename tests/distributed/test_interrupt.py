@@ -57,13 +57,15 @@ def test_ctrl_c_during_start_up(tiny_flux_dir, tmp_path):
     _interrupt_and_check(proc, tmp_path, out, "")
 
 
-@pytest.mark.parametrize("phase", ["loading", "decoding"])
-def test_ctrl_c_during_a_held_phase(tiny_flux_dir, tmp_path, phase):
-    out = tmp_path / "x.png"
-    proc = start_cli(_args(tiny_flux_dir, out, "--steps", "2"), tmp_path, MESHDIT_HOLD_PHASE=phase)
+@pytest.mark.parametrize("hold", ["loading", "decoding", "loading:native"])
+def test_ctrl_c_during_a_held_phase(tiny_flux_dir, tmp_path, hold):
+    """loading:native holds both ranks inside native calls Python cannot interrupt: they are killed."""
+    out, phase = tmp_path / "x.png", hold.split(":")[0]
+    proc = start_cli(_args(tiny_flux_dir, out, "--steps", "2"), tmp_path, MESHDIT_HOLD_PHASE=hold)
     seen = read_until(proc, "rank 1 holding", 180)
     seen += read_until(proc, "rank 0 holding", 30) if "rank 0 holding" not in seen else ""
     assert f"rank 0 holding in phase {phase}" in seen and f"rank 1 holding in phase {phase}" in seen, seen
+    time.sleep(0.5)
     _interrupt_and_check(proc, tmp_path, out, seen)
 
 
