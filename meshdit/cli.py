@@ -7,7 +7,7 @@ from . import __version__
 from .errors import ConfigError, RankFailedError
 from .flags import (FlagParser, add_engine_flags, add_output_flags, add_request_flags, engine_settings_from_args,
                     request_from_args)
-from .preflight import check_output_writable, read_prompt_file
+from .preflight import check_output_writable, check_temp_folder, read_prompt_file
 
 
 def build_parser() -> FlagParser:
@@ -57,6 +57,15 @@ def warn_unknown_words(model: str, prompts: list[str]) -> None:
         print(f"meshdit: warning: {note}", file=sys.stderr)
 
 
+def warn_if_heavy(model: str, info, config, request, vae, dtype) -> None:
+    """Before the ranks start: a request that will take very long or needs more memory than this machine has."""
+    from .request_cost import estimate, warning
+
+    note = warning(estimate(model, info, config, request, vae, dtype), request, info.request_defaults())
+    if note:
+        print(f"meshdit: warning: {note}", file=sys.stderr)
+
+
 def generate_command(args) -> None:
     from .output import check_output_path
 
@@ -67,6 +76,10 @@ def generate_command(args) -> None:
     output = args.output or ("meshdit.mp4" if info.is_video else "meshdit.png")
     check_output_writable(output, num_images)
     check_output_path(output, num_images, info.is_video)
+    temp_note = check_temp_folder()
+    if temp_note:
+        print(f"meshdit: warning: {temp_note}", file=sys.stderr)
+    warn_if_heavy(engine.model, info, engine.config, request, engine.vae, engine.dtype)
     # torch, diffusers and transformers are imported only now that the request is known to be valid.
     from .distributed.launch import launch
     from .runner import GenerateJob, run_generate

@@ -17,6 +17,7 @@ from .distributed.mesh import ParallelMesh, SingleProcessMesh
 from .loading.options import LoadOptions
 from .models.info import ModelInfo
 from .combine.parallelize import parallelize
+from .phases import reached
 from .prompt_vocabulary import PromptVocabulary, UnknownWordsWarning
 from .denoising.batching import concat_states
 from .vae import VaeDecodeSettings, decodes_here
@@ -156,6 +157,7 @@ class Engine:
         latents = parallel.denoise(self.recipe, state, requests[0], show_progress,
                                    parallel.agreed(on_step, self.mesh.device))
         seconds["denoise"] = time.perf_counter() - start - seconds["prepare"]
+        reached("decoding")
         # [B, 3, H, W] in [-1, 1] on every rank of the image group; decode_latents runs only where the VAE does
         image = parallel.decode(self.pipe.vae, lambda: self.recipe.decode_latents(state, latents), self.vae,
                                 self.mesh.device, **self.recipe.vae_decode_kwargs(state))

@@ -25,6 +25,25 @@ _CAUSES = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded",
 class OutputWriteError(OSError):
     """An image could not be written; the message names the cause and says what was kept."""
 
+    def __str__(self) -> str:  # the message alone, without OSError's "[Errno 28]" prefix
+        return self.strerror or super().__str__()
+
+
+# Room a write needs beyond what a short write reports; below it a file system counts as full.
+_FULL_BELOW_BYTES = 1 << 20
+
+
+def _write_errno(exc: OSError, folder: str) -> int | None:
+    """The errno of a failed write. Some writers report a full disk without one (numpy's save: "N requested
+    and M written"): then a file system left with (almost) no free space says ENOSPC."""
+    if exc.errno is not None:
+        return exc.errno
+    try:
+        stat = os.statvfs(folder)
+    except OSError:
+        return None
+    return errno.ENOSPC if stat.f_bavail * stat.f_frsize < _FULL_BELOW_BYTES else None
+
 
 def check_output_path(pattern: str, count: int, video: bool = False) -> None:
     """Fails early (before ranks start) on a path that cannot hold `count` images (videos, with `video`)."""
@@ -86,9 +105,15 @@ def _write_atomic(path: str, write, to_path: bool = False) -> None:
         except OSError:
             pass
         if isinstance(exc, OSError) and not isinstance(exc, OutputWriteError):
-            cause = _CAUSES.get(exc.errno, exc.strerror or str(exc))
+            code = _write_errno(exc, folder)
+            cause = _CAUSES.get(code, exc.strerror or str(exc))
+            detail = f"{errno.errorcode[code]}: {os.strerror(code)}" if code in errno.errorcode else str(exc)
+            if code is not None and exc.errno is None:
+                detail += f"; the writer said: {exc}"
             kept = f"the earlier {path} is unchanged" if os.path.exists(path) else f"{path} was not created"
-            raise OutputWriteError(exc.errno, f"cannot write {path}: {cause} ({exc.strerror or exc}); {kept}") from None
+            fix = f"; free space on the file system of {folder}, or choose another --output" \
+                if code in (errno.ENOSPC, errno.EDQUOT) else ""
+            raise OutputWriteError(code, f"cannot write {path}: {cause} ({detail}); {kept}{fix}") from None
         raise
 
 

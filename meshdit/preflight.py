@@ -1,7 +1,9 @@
 """Checks on the world outside the request, made before any rank starts: prompt files, the output
-path, the Hugging Face Hub. Each failure is a ConfigError that names the flag and the fix."""
+path, the folder for temporary files, the Hugging Face Hub. Each failure is a ConfigError that names
+the flag and the fix."""
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import tempfile
@@ -70,3 +72,57 @@ def check_hub_reachable(model: str, timeout: float = HUB_PROBE_SECONDS) -> None:
             f"model {model!r} is not a local folder nor in the Hugging Face cache, and {host} cannot be reached "
             f"({exc.strerror or type(exc).__name__}, within {timeout:g} s): connect to the network, pass a folder "
             "saved with save_pretrained, or set HF_HUB_OFFLINE=1 to use only the cache.") from None
+
+
+TEMP_FOLDER_MIN_FREE = 1 << 20
+"""A temp folder with less free space counts as full: the ranks' multiprocessing and torch files need some."""
+
+
+def temp_folder_candidates() -> list[tuple[str, str]]:
+    """(folder, how it was chosen), in the order Python's tempfile tries them on POSIX."""
+    named = [(os.environ[k], f"{k}={os.environ[k]}") for k in ("TMPDIR", "TEMP", "TMP") if os.environ.get(k)]
+    fixed = [(d, d) for d in ("/tmp", "/var/tmp", "/usr/tmp")]
+    try:
+        here = os.getcwd()
+        fixed.append((here, f"the current folder {here}"))
+    except OSError:
+        pass
+    return named + fixed
+
+
+def _why_unusable(folder: str) -> str | None:
+    """None if a temp file can be written in `folder`, else what is wrong with it."""
+    if not os.path.isdir(folder):
+        return "is not a folder" if os.path.exists(folder) else "does not exist"
+    try:
+        fd, path = tempfile.mkstemp(prefix=".meshdit-probe-", dir=folder)
+        try:
+            os.write(fd, b"\0" * 4096)
+        finally:
+            os.close(fd)
+            os.unlink(path)
+        stat = os.statvfs(folder)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f"is full ({errno.errorcode[exc.errno]}: {exc.strerror})"
+        return f"cannot be written ({exc.strerror or exc})"
+    free = stat.f_bavail * stat.f_frsize
+    return f"is full ({free // 1024} KiB free)" if free < TEMP_FOLDER_MIN_FREE else None
+
+
+def check_temp_folder() -> str | None:
+    """The folder for temporary files, checked before any rank starts (the ranks need it: multiprocessing,
+    torch; with none, each fails with "No usable temporary directory found"). Raises ConfigError naming
+    every candidate and what is wrong with it when none can be used; returns a warning when the first
+    candidate cannot (tempfile silently falls back to the next), else None."""
+    problems = []
+    for folder, label in temp_folder_candidates():
+        why = _why_unusable(folder)
+        if why is None:
+            if not problems:
+                return None
+            return (f"{'; '.join(problems)}: temporary files go to {folder} instead. Free space there, or set TMPDIR "
+                    "to a folder with free space.")
+        problems.append(f"{label} {why}")
+    raise ConfigError(f"no folder can hold temporary files: {'; '.join(problems)}. Free space in one of them, or set "
+                      "TMPDIR to a folder with free space, e.g. TMPDIR=$HOME/tmp (mkdir it first).")

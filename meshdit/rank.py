@@ -3,12 +3,14 @@ the mesh, the engine from its EngineSettings); `meshdit.init` (torchrun scripts)
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from .engine_settings import EngineSettings
 from .logs import quiet_libraries
+from .phases import reached
 
 
 @dataclass
@@ -44,6 +46,12 @@ def start_rank(settings: EngineSettings, on_mesh: Callable[[object], None] | Non
     mesh = join_mesh(settings.config)
     if on_mesh is not None:
         on_mesh(mesh)
+    reached("loading")
     start = time.perf_counter()
     engine = Engine.from_settings(settings, mesh)
-    return RankEngine(engine, mesh, time.perf_counter() - start)
+    load_seconds = time.perf_counter() - start
+    if settings.config.compile and mesh.is_output_rank:  # else the bar sits at step 0 while the blocks compile
+        from .parallel.compile import compiling_notice
+
+        print(compiling_notice(settings.config.compile), file=sys.stderr, flush=True)
+    return RankEngine(engine, mesh, load_seconds)

@@ -25,9 +25,10 @@ PACKAGE = ROOT / "meshdit"
 # Bottom first. Entries are module paths inside meshdit ("" is meshdit/__init__.py, the API facade).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("errors", "lazy", "logs", "flag_spec", "memory", "output", "preflight", "prompt_vocabulary",
-                    "default_model")),
+                    "default_model", "phases")),
     ("settings", ("config", "config_files", "flags", "models.registry", "models.info", "vae.settings",
-                  "quant.settings", "loading.options", "engine_settings")),
+                  "quant.settings", "loading.options", "engine_settings",
+                  "request_cost")),
     ("distributed", ("distributed", "rank_errors")),
     ("quant", ("quant",)),
     ("attention", ("attention",)),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import torch
 from tqdm.auto import tqdm
@@ -31,7 +32,7 @@ def denoise(recipe: Recipe, state: DenoiseState, cfg_group=None,
     fail_at = _injected_failure()
     for i, t in enumerate(tqdm(state.timesteps, disable=not show_progress, desc="denoising", unit="step")):
         if fail_at == i:
-            raise RuntimeError(f"failure injected at step {i} by MESHDIT_FAIL_AT_STEP")
+            fail_injected(i)
         if on_step is not None and on_step(i, len(state.timesteps)):  # agreed by every rank (Engine)
             raise GenerationCancelled(i)
         preds = recipe.predict(state, latents, t, local)
@@ -43,9 +44,19 @@ def denoise(recipe: Recipe, state: DenoiseState, cfg_group=None,
 
 
 def _injected_failure() -> int | None:
-    """MESHDIT_FAIL_AT_STEP=RANK:STEP makes that rank raise at that step (for testing error handling)."""
+    """MESHDIT_FAIL_AT_STEP=RANK:STEP makes that rank raise at that step (for testing error handling);
+    RANK:STEP:SIGNAL (e.g. 1:3:SIGKILL) makes it send itself that signal instead (a rank killed mid-run)."""
     spec = os.environ.get("MESHDIT_FAIL_AT_STEP")
     if not spec:
         return None
-    rank, step = (int(x) for x in spec.split(":"))
+    rank, step = (int(x) for x in spec.split(":")[:2])
     return step if int(os.environ.get("RANK", "0")) == rank else None
+
+
+def fail_injected(step: int) -> None:
+    """What MESHDIT_FAIL_AT_STEP asks of this rank at `step`: raise, or send itself its signal."""
+    parts = os.environ["MESHDIT_FAIL_AT_STEP"].split(":")
+    if len(parts) > 2:
+        os.kill(os.getpid(), signal.Signals[parts[2]])
+        signal.pause()  # a signal this process handles (SIGTERM, SIGINT) raises here
+    raise RuntimeError(f"failure injected at step {step} by MESHDIT_FAIL_AT_STEP")

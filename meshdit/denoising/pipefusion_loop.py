@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from ..distributed.comm import split_sizes
 from ..parallel.cfg import exchange_branches, local_branches
-from .loop import GenerationCancelled, _injected_failure
+from .loop import GenerationCancelled, _injected_failure, fail_injected
 from .recipe import DenoiseState, Recipe
 
 
@@ -55,7 +55,7 @@ def _patch_pipeline(recipe: Recipe, state: DenoiseState, pf, sequence_state, cfg
     cancelled_at = None
     for i, t in enumerate(tqdm(state.timesteps, disable=not show_progress, desc="denoising", unit="step")):
         if fail_at == i:
-            raise RuntimeError(f"failure injected at step {i} by MESHDIT_FAIL_AT_STEP")
+            fail_injected(i)
         if on_step is not None and on_step(i, steps):  # agreed by every rank (Engine)
             if pf.is_first and i > 0 and pf.num_stages > 1:  # take the patches the last stage already sent
                 for row0, row1 in items(i):

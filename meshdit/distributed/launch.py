@@ -2,9 +2,10 @@
 
 Whatever happens on one rank ends all of them promptly: a rank that raises, a rank
 that dies, a rank that freezes (heartbeats, watch.py), Ctrl-C or SIGTERM to the
-launcher. The error names the first failing rank, with its traceback once, and
-one line for each other rank. Nothing is left behind: no temp folders, no error
-files, no processes (a rank whose launcher is killed exits on its own).
+launcher. The error names the failing rank (blame.py: a rank's own error, else a
+rank that died and its signal, before the broken connections the others then see),
+with its traceback once, and one line for each other rank. Nothing is left behind:
+no temp folders, no error files, no processes (a rank whose launcher is killed exits on its own).
 
 Ranks report over one pipe each (no multiprocessing queues or locks, whose
 semaphores a killed rank would leak). This module imports no torch: a rank starts
@@ -25,6 +26,7 @@ from contextlib import contextmanager
 from typing import Any, Callable
 
 from ..errors import ConfigError, RankFailedError
+from .blame import RankFailure, death, failure_report
 from .hard_exit import hard_exit
 from .ports import free_port
 from .watch import HeartbeatWatch, RankLink, heartbeat_timeout
@@ -66,7 +68,8 @@ def launch(entry: Callable[[Any], None], payload: Any, world_size: int) -> None:
             saved = {k: os.environ.get(k) for k in world}
             os.environ.update(world)
             try:
-                _run_in_process(entry, payload)
+                with _exit_soon_after_interrupt():
+                    _run_in_process(entry, payload)
             finally:  # else a later launch in this process would take itself for a torchrun rank
                 for key, value in saved.items():
                     if value is None:
@@ -92,6 +95,59 @@ def _sigterm_as_interrupt():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _exit_soon_after_interrupt(grace_s: float = _STOP_GRACE_S):
+    """For the one rank run in this process: Ctrl-C or SIGTERM during one long native operation (a huge
+    request's attention call) would wait for it to return, since Python handles signals between bytecodes.
+    The signal's C handler writes to a wakeup fd at once: a thread reading it ends the process with 130
+    if the run has not unwound within grace_s."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    unwound = threading.Event()
+
+    def watch() -> None:
+        while not unwound.is_set():
+            try:
+                data = os.read(read_fd, 64)
+            except OSError:
+                return
+            if not data:
+                return  # closed: the run is over
+            if {signal.SIGINT, signal.SIGTERM} & set(data) and not unwound.wait(grace_s):
+                print("meshdit: interrupted; all ranks stopped", file=sys.stderr, flush=True)
+                hard_exit(130)
+
+    thread = threading.Thread(target=watch, name="meshdit-interrupt-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        unwound.set()
+        signal.set_wakeup_fd(previous)
+        os.close(write_fd)
+        thread.join(timeout=1.0)
+        os.close(read_fd)
+
+
+@contextmanager
+def _sigint_ignored_by_children():
+    """Processes started inside ignore Ctrl-C (an ignored signal stays ignored across exec): the terminal
+    sends SIGINT to the whole group, and a rank interrupted on its own, mid-import or mid-collective,
+    prints tracebacks; the launcher alone takes Ctrl-C and stops the ranks with SIGTERM (`_stop`)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _summary(exc: BaseException) -> str:
@@ -133,7 +189,8 @@ def _spawn_and_watch(entry: Callable[[Any], None], payload: Any, world_size: int
             parent, child = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_rank_main, args=(rank, world_size, port, child, job, timeout),
                                name=f"meshdit-rank{rank}", daemon=True)
-            proc.start()
+            with _sigint_ignored_by_children():
+                proc.start()
             child.close()
             procs.append(proc)
             conns.append(parent)
@@ -149,7 +206,7 @@ def _watch(procs: list, conns: list, timeout: float) -> None:
     world = len(procs)
     watch = HeartbeatWatch(world, timeout)
     done: set[int] = set()
-    failed: dict[int, tuple[float, str, str]] = {}   # rank -> (time, one line, traceback)
+    failed: dict[int, RankFailure] = {}
     open_conns = dict(enumerate(conns))
     first_failure_at = None
     while True:
@@ -164,12 +221,12 @@ def _watch(procs: list, conns: list, timeout: float) -> None:
                     if message[0] == "done":
                         done.add(rank)
                     elif message[0] == "error":
-                        failed[rank] = message[1:]
+                        failed[rank] = RankFailure(*message[1:])
             except (EOFError, OSError):
                 del open_conns[rank]
         for rank, proc in enumerate(procs):  # died without a word: killed, or crashed in C++
             if proc.exitcode not in (None, 0) and rank not in failed and rank not in open_conns:
-                failed[rank] = (time.time(), f"died ({_exit_text(proc.exitcode)})", "")
+                failed[rank] = death(time.time(), proc.exitcode)
         if len(done) == world and all(p.exitcode is not None or not p.is_alive() for p in procs):
             return
         if failed and first_failure_at is None:
@@ -177,7 +234,7 @@ def _watch(procs: list, conns: list, timeout: float) -> None:
         if first_failure_at is not None:
             settled = all(r in failed or r in done for r in range(world))
             if settled or time.monotonic() - first_failure_at > _GRACE_AFTER_FAILURE_S:
-                raise RankFailedError(_failure_report(failed, done, world))
+                raise RankFailedError(failure_report(failed, done, world))
             continue
         frozen = watch.silent(r for r in range(world) if r not in done)
         if frozen:
@@ -187,38 +244,6 @@ def _watch(procs: list, conns: list, timeout: float) -> None:
                 f"rank {rank} stopped responding: no heartbeat for {silent_s:.0f} s (frozen, stopped with SIGSTOP, "
                 f"or starved of CPU; limit MESHDIT_HEARTBEAT_TIMEOUT={timeout:g} s). Silent: {names}; "
                 "every rank was stopped.")
-
-
-def _exit_text(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
-def _failure_report(failed: dict, done: set, world: int) -> str:
-    """The first failure with its traceback; one line for every other rank."""
-    first = min(failed, key=lambda r: failed[r][0])
-    _, line, text = failed[first]
-    report = [f"rank {first} failed: {line}"]
-    if text:
-        report.append(text.rstrip())
-    others = []
-    for rank in range(world):
-        if rank == first:
-            continue
-        if rank in failed:
-            line = failed[rank][1]
-            others.append(f"rank {rank} failed after it: {line if len(line) <= 110 else line[:107] + '...'}")
-        elif rank in done:
-            others.append(f"rank {rank} had finished")
-        else:
-            others.append(f"rank {rank} was stopped")
-    if others:
-        report.append("other ranks: " + "; ".join(others))
-    return "\n".join(report)
 
 
 def _stop(procs: list) -> None:
@@ -247,6 +272,7 @@ def _rank_main(rank: int, world_size: int, port: int, conn, job: bytes, timeout:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's (it sends SIGTERM)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     code = 0
@@ -266,13 +292,21 @@ def _rank_main(rank: int, world_size: int, port: int, conn, job: bytes, timeout:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         link.stop_heartbeat()
-        if "torch.distributed" in sys.modules:
-            from .mesh import teardown_distributed
-
-            teardown_distributed()
+        _leave_world()
         sys.stdout.flush()
         sys.stderr.flush()
     hard_exit(code)  # gloo may abort in interpreter teardown; everything is flushed
+
+
+def _leave_world() -> None:
+    """Destroys the process group if this rank joined one. Never imports: a rank stopped while importing
+    torch has a half-initialised torch in sys.modules, and importing it again raises."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - leaving anyway; the launcher has the rank's own report
+        pass
 
 
 def _thread_lock_for_tqdm() -> None:

@@ -43,6 +43,12 @@ class CompiledBlock:
         self.block._compiled_call_impl = None
 
 
+def compiling_notice(backend: str) -> str:
+    """What the output rank prints before a compiled run's first step, which compiles before it runs."""
+    return (f"meshdit: compiling the transformer blocks with torch.compile ({backend}) in the first step; this "
+            "takes a while (once per size), then the steps run")
+
+
 def check_backend(backend: str) -> None:
     """A ConfigError naming the choices if torch.compile does not know `backend`."""
     known = torch._dynamo.list_backends(exclude_tags=())
