@@ -6,9 +6,8 @@ import json
 import pytest
 
 import meshdit.distributed.launch
-from meshdit.cli import build_parser, main, model_and_request
+from meshdit.cli import build_parser, generate_settings, main
 from meshdit.default_model import weights_path
-from meshdit.flags import layout_from_args
 from meshdit.request_cost import GIB, estimate, transformer_parameters, warning
 
 
@@ -22,9 +21,9 @@ def launched(monkeypatch):
 
 def _cost(argv, available=None):
     args = build_parser().parse_args(["generate", *argv])
-    config, vae = layout_from_args(args)
-    model, info, request = model_and_request(args)
-    return estimate(model, info, config, request, vae, args.dtype, "cpu", available), request, info
+    engine, info, request = generate_settings(args)
+    return (estimate(engine.model, info, engine.config, request, engine.vae, engine.dtype, "cpu", available),
+            request, info)
 
 
 def test_8192_square_on_the_bundled_model_is_warned_about_and_still_runs(tmp_path, launched, capsys,
