@@ -14,7 +14,7 @@ MAX_SEQ = 6  # text tokens: 6 (Flux), 77 + 6 = 83 (SD3): not divisible by 4
 
 def pipeline(name: str):
     if name not in _PIPES:
-        _PIPES[name] = tiny_flux_pipeline(heads=6) if name == "flux-6heads" else tiny_pipeline(name)
+        _PIPES[name] = tiny_pipeline(name)
         _PIPES[name].set_progress_bar_config(disable=True)
     return _PIPES[name]
 
@@ -68,7 +68,7 @@ def generate_fresh(name: str, degrees: dict, height: int, width: int, seed: int 
 
     Returns (final image, parameter bytes this rank holds in transformer blocks, in the rest of the transformer).
     """
-    pipe = tiny_flux_pipeline(heads=6) if name == "flux-6heads" else tiny_pipeline(name)
+    pipe = tiny_pipeline(name)
     pipe.set_progress_bar_config(disable=True)
     config, settings = split_layout(degrees)
     engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None)

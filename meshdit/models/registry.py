@@ -62,6 +62,10 @@ class ModelFamily:
     refused_transformer_config: dict[str, str] = field(default_factory=dict)
     """transformer/config.json keys that, when set (not null, not false), name a variant the plan does not
     cover -> why (CogVideoX 1.5's patch_size_t)."""
+    # -- tests --
+    tiny_module: str = ""
+    """The module of the family's tiny random-weight pipelines (`meshdit.models.tiny.<family>`: BUILDERS, TESTS,
+    GUARD_CASES); the parametrised tests run every family through it."""
 
     @property
     def is_video(self) -> bool:
@@ -118,31 +122,38 @@ class ModelFamily:
 FAMILIES = (
     ModelFamily("flux", "FluxTransformer2DModel", ("FluxPipeline",), "meshdit.models.flux", packed=True,
                 default_steps=28, default_guidance=3.5, default_max_sequence_length=512,
-                max_sequence_length_limit=512, default_sample_size=128, guidance_distilled="guidance_embeds"),
+                max_sequence_length_limit=512, default_sample_size=128, guidance_distilled="guidance_embeds",
+                tiny_module="meshdit.models.tiny.flux"),
     ModelFamily("flux2", "Flux2Transformer2DModel", ("Flux2Pipeline",), "meshdit.models.flux2", packed=True,
                 default_steps=50, default_guidance=4.0, default_max_sequence_length=512, default_sample_size=128,
-                guidance_distilled=True),
+                guidance_distilled=True,
+                tiny_module="meshdit.models.tiny.flux2"),
     ModelFamily("sd3", "SD3Transformer2DModel", ("StableDiffusion3Pipeline",), "meshdit.models.sd3", packed=False,
                 default_steps=28, default_guidance=7.0, default_max_sequence_length=256,
-                max_sequence_length_limit=512),
+                max_sequence_length_limit=512,
+                tiny_module="meshdit.models.tiny.sd3"),
     ModelFamily("pixart", "PixArtTransformer2DModel", ("PixArtSigmaPipeline", "PixArtAlphaPipeline"),
                 "meshdit.models.pixart", packed=False, default_steps=20, default_guidance=4.5,
-                default_max_sequence_length=300, max_sequence_length_by_pipeline={"PixArtAlphaPipeline": 120}),
+                default_max_sequence_length=300, max_sequence_length_by_pipeline={"PixArtAlphaPipeline": 120},
+                tiny_module="meshdit.models.tiny.pixart"),
     ModelFamily("hunyuandit", "HunyuanDiT2DModel", ("HunyuanDiTPipeline",), "meshdit.models.hunyuandit",
                 packed=False, default_steps=50, default_guidance=5.0, default_max_sequence_length=256,
-                max_sequence_length_fixed=True),
+                max_sequence_length_fixed=True,
+                tiny_module="meshdit.models.tiny.hunyuandit"),
     # Wan 2.1 / 2.2 (a WanPipeline with transformer_2 and boundary_ratio: two experts). UMT5 text goes in through
     # cross-attention only, so any text length works; defaults are WanPipeline.__call__'s and its examples' fps.
     ModelFamily("wan", "WanTransformer3DModel", ("WanPipeline", "WanImageToVideoPipeline"), "meshdit.models.wan",
                 packed=False, default_steps=50, default_guidance=5.0, default_max_sequence_length=512,
                 max_sequence_length_fixed="added_kv_proj_dim", default_pixel_size=(480, 832),
                 default_num_frames=81, default_fps=16, image_to_video_pipelines=("WanImageToVideoPipeline",),
-                refused_pipeline_config={"expand_timesteps": "Wan 2.2 TI2V's per-token timesteps"}),
+                refused_pipeline_config={"expand_timesteps": "Wan 2.2 TI2V's per-token timesteps"},
+                tiny_module="meshdit.models.tiny.wan"),
     # LTX-Video text-to-video: T5 text through cross-attention (any length); the frame rate conditions the
     # rotary positions, so default_fps is __call__'s frame_rate; tokens are VAE pixels x patch_size wide.
     ModelFamily("ltx", "LTXVideoTransformer3DModel", ("LTXPipeline",), "meshdit.models.ltx", packed=False,
                 default_steps=50, default_guidance=3.0, default_max_sequence_length=128, default_pixel_size=(512, 704),
-                default_num_frames=161, default_fps=25, vae_temporal_factor_key="temporal_compression_ratio"),
+                default_num_frames=161, default_fps=25, vae_temporal_factor_key="temporal_compression_ratio",
+                tiny_module="meshdit.models.tiny.ltx"),
     # CogVideoX 1.0 text-to-video (2B: sin-cos positional table, which covers exactly 226 text tokens; 5B: 3-D
     # rotary embeddings, any text length). Text joins the video tokens in every attention. The pipeline defaults
     # size and frames from the transformer config (sample_height/width x 8, sample_frames: 480 x 720, 49 in 1.0);
@@ -155,14 +166,16 @@ FAMILIES = (
                     "patch_size_t": "CogVideoX 1.5's temporal patch: the pipeline pads the latent frames to it, "
                                     "and PipeFusion's patches of token rows would cut through latent frames",
                     "use_learned_positional_embeddings": "learned positional embeddings, which fix the size "
-                                                         "(CogVideoX-5B image-to-video)"}),
+                                                         "(CogVideoX-5B image-to-video)"},
+                tiny_module="meshdit.models.tiny.cogvideox"),
     # HunyuanVideo text-to-video: guidance-distilled (the scale is embedded); the prompt (Llama, padded to
     # max_sequence_length) joins the video tokens in every attention. Defaults: HunyuanVideoPipeline.__call__'s,
     # fps its example's export_to_video.
     ModelFamily("hunyuanvideo", "HunyuanVideoTransformer3DModel", ("HunyuanVideoPipeline",),
                 "meshdit.models.hunyuanvideo", packed=False, default_steps=50, default_guidance=6.0,
                 default_max_sequence_length=256, guidance_distilled="guidance_embeds", default_pixel_size=(720, 1280),
-                default_num_frames=129, default_fps=15, vae_temporal_factor_key="temporal_compression_ratio"),
+                default_num_frames=129, default_fps=15, vae_temporal_factor_key="temporal_compression_ratio",
+                tiny_module="meshdit.models.tiny.hunyuanvideo"),
     # HunyuanVideo 1.5 text-to-video: true CFG through the pipeline's guider; the text is always 1000 Qwen2.5-VL +
     # 256 ByT5 tokens (the pipeline's fixed lengths) + 729 image tokens, masked where padding, after the video
     # tokens in every attention. Size: the 16:9 bucket of the transformer's target_size (480p: 640, 720p: 960).
@@ -172,7 +185,8 @@ FAMILIES = (
                 default_pixel_size_by_config=("target_size", {640: (480, 848), 960: (720, 1280)}),
                 default_guidance_from_guider=True, default_num_frames=121, default_fps=15,
                 vae_temporal_factor_key="temporal_compression_ratio",
-                refused_transformer_config={"use_meanflow": "the MeanFlow super-resolution model's timestep_r"}),
+                refused_transformer_config={"use_meanflow": "the MeanFlow super-resolution model's timestep_r"},
+                tiny_module="meshdit.models.tiny.hunyuanvideo15"),
 )
 
 
