@@ -297,6 +297,22 @@ def test_a_fixed_text_length_refuses_another_max_sequence_length():
     info.check_request(ParallelConfig(), GenerateRequest(prompt="a cat", height=64, width=64))  # its default passes
 
 
+def test_a_fixed_text_length_is_read_from_the_transformer_config():
+    """CogVideoX without rotary embeddings takes exactly its positional table's max_text_seq_length text tokens
+    (16 in diffusers' test config, not the released 226): that is its default, and another length is refused."""
+    from meshdit.models.info import ModelInfo
+
+    info = ModelInfo.from_pipeline(tiny_pipeline("cogvideox-sincos16"))
+    assert info.request_defaults().max_sequence_length == 16
+    request = dict(prompt="a cat", height=48, width=80, num_frames=9)
+    info.check_request(ParallelConfig(), GenerateRequest(**request))
+    with pytest.raises(ConfigError, match="takes exactly 16 text tokens.*not 226: drop --max-sequence-length"):
+        info.check_request(ParallelConfig(), GenerateRequest(**request, extra={"max_sequence_length": 226}))
+    rotary = ModelInfo.from_pipeline(tiny_pipeline("cogvideox"))  # rotary embeddings: any length, default 226
+    assert rotary.request_defaults().max_sequence_length == 226
+    rotary.check_request(ParallelConfig(), GenerateRequest(**request, extra={"max_sequence_length": 16}))
+
+
 def test_unreachable_hub_fails_within_seconds(tmp_path):
     env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper() and k != "HF_HUB_OFFLINE"}
     env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT="http://huggingface.invalid")

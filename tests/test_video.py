@@ -82,16 +82,18 @@ def test_family_parallel_vae_decode_equals_one_process(run_ranks, family):
 
 @pytest.mark.parametrize("name,layout", [("cogvideox-dpm", "cfg2"), ("cogvideox-dpm", "r2u2"),
                                          ("cogvideox-dpm", "pf2"), ("cogvideox-sincos", "u2"),
-                                         ("cogvideox-sincos", "r2")])
+                                         ("cogvideox-sincos", "r2"), ("cogvideox-sincos16", "u2"),
+                                         ("cogvideox-sincos16", "r2"), ("cogvideox-sincos16", "pf2")])
 def test_cogvideox_variants_equal_one_process(run_ranks, name, layout):
     """The 5B's DPM scheduler (3 steps: its second-order update runs from step 2; it draws noise in every step
     from the request's generator, which every rank holds alike; data parallelism is refused, see
-    tests/reliability) and the 2B's sin-cos positional table (added before the split; 226 text tokens)."""
+    tests/reliability) and the 2B's sin-cos positional table (added before the split), over the released 226 text
+    tokens and diffusers' test config's 16 (the fixed length read from max_text_seq_length)."""
     degrees = dict(FAMILY_LAYOUTS[layout])
-    pipefusion = "pipefusion_parallel_degree" in degrees
-    if pipefusion:
-        name, degrees["warmup_steps"] = f"{name}-4blocks", 3
     steps = 3 if name.startswith("cogvideox-dpm") else 2
+    if "pipefusion_parallel_degree" in degrees:
+        name, degrees["warmup_steps"] = f"{name}-4blocks", steps  # full warmup: exact
+    pipefusion = "pipefusion_parallel_degree" in degrees
     check(run_ranks(world(degrees), video_jobs.generate, name, degrees, steps=steps, fresh=pipefusion),
           reference(name, steps=steps), name)
 

@@ -31,10 +31,17 @@ class ModelFamily:
     max_sequence_length_limit: int | None = None
     """The text encoder's cap on --max-sequence-length (T5 in FLUX.1 and SD3: 512); None: no fixed cap."""
     max_sequence_length_fixed: bool | str | tuple[str, bool] = False
-    """The transformer takes exactly default_max_sequence_length text tokens (HunyuanDiT: its T5 length): True,
-    or the transformer config key that, when set, makes it so (Wan 2.1 I2V: added_kv_proj_dim, image K/V
-    projections whose processor cuts the text at 512 tokens from the end), or (key, value): when the key is
-    that truth value (CogVideoX without rotary embeddings: its positional table covers 226 text tokens)."""
+    """The transformer takes exactly one text length (fixed_text_length_key's, else default_max_sequence_length;
+    HunyuanDiT: its T5 length): True, or the transformer config key that, when set, makes it so (Wan 2.1 I2V:
+    added_kv_proj_dim, image K/V projections whose processor cuts the text at 512 tokens from the end), or
+    (key, value): when the key is that truth value (CogVideoX without rotary embeddings: its positional table
+    covers max_text_seq_length text tokens)."""
+    fixed_text_length_key: str | None = None
+    """The transformer config key holding that fixed length (CogVideoX: max_text_seq_length; 226 in the released
+    models, 16 in diffusers' test config); None, or absent from the config: default_max_sequence_length."""
+    noise_drawing_schedulers: tuple[str, ...] = ()
+    """The family's own schedulers whose step() draws noise from the request's generator (CogVideoX's DPM), beside
+    diffusers' general ones (models/info.NOISE_DRAWING_SCHEDULERS)."""
     default_sample_size: int | None = None
     """Latent size the pipeline defaults to; None: the transformer config's sample_size."""
     guidance_distilled: bool | str = False
@@ -101,6 +108,14 @@ class ModelFamily:
         """Blocks PipeFusion can cut into stages (double- and single-stream blocks alike)."""
         return int(transformer_config.get("num_layers", 0)) + int(transformer_config.get("num_single_layers", 0))
 
+    def fixed_text_length(self, transformer_config: dict) -> int | None:
+        """The one text length this transformer takes (its default, and the only --max-sequence-length it
+        accepts), or None where any length works."""
+        if not self.is_text_length_fixed(transformer_config):
+            return None
+        length = transformer_config.get(self.fixed_text_length_key) if self.fixed_text_length_key else None
+        return self.default_max_sequence_length if length is None else int(length)
+
     def is_text_length_fixed(self, transformer_config: dict) -> bool:
         if isinstance(self.max_sequence_length_fixed, tuple):
             key, value = self.max_sequence_length_fixed
@@ -154,13 +169,15 @@ FAMILIES = (
                 default_steps=50, default_guidance=3.0, default_max_sequence_length=128, default_pixel_size=(512, 704),
                 default_num_frames=161, default_fps=25, vae_temporal_factor_key="temporal_compression_ratio",
                 tiny_module="meshdit.models.tiny.ltx"),
-    # CogVideoX 1.0 text-to-video (2B: sin-cos positional table, which covers exactly 226 text tokens; 5B: 3-D
-    # rotary embeddings, any text length). Text joins the video tokens in every attention. The pipeline defaults
+    # CogVideoX 1.0 text-to-video (2B: sin-cos positional table, which covers exactly max_text_seq_length = 226
+    # text tokens; 5B: 3-D rotary embeddings, any text length). Text joins the video tokens in every attention. The pipeline defaults
     # size and frames from the transformer config (sample_height/width x 8, sample_frames: 480 x 720, 49 in 1.0);
     # fps is its examples' export_to_video fps.
     ModelFamily("cogvideox", "CogVideoXTransformer3DModel", ("CogVideoXPipeline",), "meshdit.models.cogvideox",
                 packed=False, default_steps=50, default_guidance=6.0, default_max_sequence_length=226,
-                max_sequence_length_fixed=("use_rotary_positional_embeddings", False), default_pixel_size=(480, 720),
+                max_sequence_length_fixed=("use_rotary_positional_embeddings", False),
+                fixed_text_length_key="max_text_seq_length", noise_drawing_schedulers=("CogVideoXDPMScheduler",),
+                default_pixel_size=(480, 720),
                 default_num_frames=49, default_fps=8, vae_temporal_factor_key="temporal_compression_ratio",
                 refused_transformer_config={
                     "patch_size_t": "CogVideoX 1.5's temporal patch: the pipeline pads the latent frames to it, "

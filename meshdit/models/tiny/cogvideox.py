@@ -7,10 +7,11 @@ from . import GUARD_PROMPT, GUARD_SIZE, GUARD_TEXT, GuardCase, TinyTests
 from .parts import t5_text_model, t5_tokenizer
 
 
-def tiny_cogvideox_pipeline(seed: int = 0, layers: int = 2, rotary: bool = True, stochastic: bool = False):
+def tiny_cogvideox_pipeline(seed: int = 0, layers: int = 2, rotary: bool = True, stochastic: bool = False,
+                            text_length: int = 226):
     """CogVideoX 1.0 text-to-video: rotary (5B-shaped) or, rotary False, the 2B's sin-cos positional table
-    (which covers exactly max_text_seq_length = 226 text tokens). Tokens are 16 pixels wide (VAE 8 x patch 2)
-    and 4 frames deep (+1 for the first frame). stochastic: CogVideoX-5B's DPM scheduler, which draws noise in
+    (which covers exactly max_text_seq_length = text_length text tokens: 226 as released, 16 in diffusers' tests).
+    Tokens are 16 pixels wide (VAE 8 x patch 2) and 4 frames deep (+1 for the first frame). stochastic: CogVideoX-5B's DPM scheduler, which draws noise in
     every step; else the 2B's DDIM (eta 0: no noise)."""
     from diffusers import (AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXDPMScheduler, CogVideoXPipeline,
                            CogVideoXTransformer3DModel)
@@ -19,7 +20,8 @@ def tiny_cogvideox_pipeline(seed: int = 0, layers: int = 2, rotary: bool = True,
     transformer = CogVideoXTransformer3DModel(
         num_attention_heads=4, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=32,
         text_embed_dim=32, num_layers=layers, sample_width=10, sample_height=6, sample_frames=9, patch_size=2,
-        temporal_compression_ratio=4, max_text_seq_length=226, use_rotary_positional_embeddings=rotary).eval()
+        temporal_compression_ratio=4, max_text_seq_length=text_length,
+        use_rotary_positional_embeddings=rotary).eval()
     vae = AutoencoderKLCogVideoX(
         block_out_channels=(8, 8, 8, 8), latent_channels=4, layers_per_block=1, norm_num_groups=4,
         temporal_compression_ratio=4, down_block_types=("CogVideoXDownBlock3D",) * 4,
@@ -40,6 +42,9 @@ BUILDERS = {
     "cogvideox": tiny_cogvideox_pipeline,
     "cogvideox-sincos": lambda seed=0: tiny_cogvideox_pipeline(seed, rotary=False),
     "cogvideox-dpm": lambda seed=0: tiny_cogvideox_pipeline(seed, stochastic=True),
+    # the sin-cos table of diffusers' test config: 16 text tokens (the fixed length read from the config)
+    "cogvideox-sincos16": lambda seed=0: tiny_cogvideox_pipeline(seed, rotary=False, text_length=16),
+    "cogvideox-sincos16-4blocks": lambda seed=0: tiny_cogvideox_pipeline(seed, layers=4, rotary=False, text_length=16),
     "cogvideox-4blocks": lambda seed=0: tiny_cogvideox_pipeline(seed, layers=4),
     "cogvideox-dpm-4blocks": lambda seed=0: tiny_cogvideox_pipeline(seed, layers=4, stochastic=True),
 }
