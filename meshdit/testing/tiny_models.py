@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import importlib
 
-from ..models.registry import FAMILIES, ModelFamily
+from ..models import registry
+from ..models.registry import ModelFamily
 from ..models.tiny.parts import (clip_text_model, clip_tokenizer, sample_image, t5_text_model,  # noqa: F401
                                  t5_tokenizer, tiny_vae)
 from ..models.tiny.flux import tiny_flux_pipeline  # noqa: F401
@@ -22,7 +23,7 @@ def tiny_module(family: ModelFamily):
 
 def tiny_families(video: bool | None = None) -> list[tuple[ModelFamily, object]]:
     """(row, tiny module) of every family with one; video True / False: only video / image families."""
-    return [(f, tiny_module(f)) for f in FAMILIES if f.tiny_module and (video is None or f.is_video == video)]
+    return [(f, tiny_module(f)) for f in registry.FAMILIES if f.tiny_module and (video is None or f.is_video == video)]
 
 
 def _builders() -> dict:
@@ -54,5 +55,7 @@ def scaled_size(name: str, height: int, width: int) -> tuple[int, int]:
 
 
 def tiny_pipeline(name: str, seed: int = 0):
-    """A tiny pipeline by name (see BUILDERS)."""
-    return BUILDERS[name](seed=seed)
+    """A tiny pipeline by name (see BUILDERS; a family registered after this module was imported, as a test's
+    extra family, is looked up in FAMILIES again)."""
+    builders = BUILDERS if name in BUILDERS else _builders()
+    return builders[name](seed=seed)
