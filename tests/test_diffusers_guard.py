@@ -33,8 +33,8 @@ def test_every_degree_one_gives_the_diffusers_pipeline_image_bit_for_bit(name):
     if "max_sequence_length" in diffusers_kwargs:
         extra = {**extra, "max_sequence_length": GUARD_TEXT}
     request = GenerateRequest(prompt=diffusers_kwargs.get("prompt", GUARD_PROMPT), **size, seed=3,
-                              guidance_scale=guidance, extra=extra, num_frames=diffusers_kwargs.get("num_frames"), image=diffusers_kwargs.get("image"),
-                              fps=diffusers_kwargs.get("frame_rate"))
+                              guidance_scale=guidance, extra=extra, num_frames=diffusers_kwargs.get("num_frames"),
+                              image=diffusers_kwargs.get("image"), fps=diffusers_kwargs.get("frame_rate"))
     engine = Engine(pipe)
     try:
         images = engine.generate(request).images

@@ -10,10 +10,21 @@ import importlib
 
 from ..models import registry
 from ..models.registry import ModelFamily
+# the builders and parts by their names of old (tests and benchmarks import them from here)
 from ..models.tiny.parts import (clip_text_model, clip_tokenizer, sample_image, t5_text_model,  # noqa: F401
                                  t5_tokenizer, tiny_vae)
 from ..models.tiny.flux import tiny_flux_pipeline  # noqa: F401
-from ..models.tiny.wan import tiny_wan_vae, umt5_text_model  # noqa: F401  (benchmarks build with them)
+from ..models.tiny.flux2 import tiny_flux2_pipeline  # noqa: F401
+from ..models.tiny.sd3 import tiny_sd3_pipeline  # noqa: F401
+from ..models.tiny.pixart import tiny_pixart_pipeline  # noqa: F401
+from ..models.tiny.hunyuandit import bert_text_model, bert_tokenizer, tiny_hunyuandit_pipeline  # noqa: F401
+from ..models.tiny.wan import (tiny_wan_i2v_pipeline, tiny_wan_pipeline, tiny_wan_transformer,  # noqa: F401
+                               tiny_wan_vae, umt5_text_model)
+from ..models.tiny.ltx import tiny_ltx_pipeline  # noqa: F401
+from ..models.tiny.cogvideox import tiny_cogvideox_pipeline  # noqa: F401
+from ..models.tiny.hunyuanvideo import llama_text_model, llama_tokenizer, tiny_hunyuanvideo_pipeline  # noqa: F401
+from ..models.tiny.hunyuanvideo15 import (byt5_text_model, qwen_text_model, qwen_tokenizer,  # noqa: F401
+                                          tiny_hunyuanvideo15_pipeline)
 
 
 def tiny_module(family: ModelFamily):

@@ -11,8 +11,8 @@ def tiny_cogvideox_pipeline(seed: int = 0, layers: int = 2, rotary: bool = True,
                             text_length: int = 226):
     """CogVideoX 1.0 text-to-video: rotary (5B-shaped) or, rotary False, the 2B's sin-cos positional table
     (which covers exactly max_text_seq_length = text_length text tokens: 226 as released, 16 in diffusers' tests).
-    Tokens are 16 pixels wide (VAE 8 x patch 2) and 4 frames deep (+1 for the first frame). stochastic: CogVideoX-5B's DPM scheduler, which draws noise in
-    every step; else the 2B's DDIM (eta 0: no noise)."""
+    Tokens are 16 pixels wide (VAE 8 x patch 2) and 4 frames deep (+1 for the first frame). stochastic:
+    CogVideoX-5B's DPM scheduler, which draws noise in every step; else the 2B's DDIM (eta 0: no noise)."""
     from diffusers import (AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXDPMScheduler, CogVideoXPipeline,
                            CogVideoXTransformer3DModel)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from . import GUARD_PROMPT, GUARD_SIZE, GUARD_TEXT, GuardCase, TinyTests
+from . import GuardCase, TinyTests
 
 
 def tiny_flux2_pipeline(seed: int = 0, double: int = 1, single: int = 1):

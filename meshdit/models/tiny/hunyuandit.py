@@ -5,14 +5,14 @@ import string
 
 import torch
 
-from . import GUARD_PROMPT, GUARD_SIZE, GUARD_TEXT, GuardCase, TinyTests
-from .parts import _WORDS, t5_text_model, t5_tokenizer, tiny_vae
+from . import GUARD_PROMPT, GuardCase, TinyTests
+from .parts import WORDS, t5_text_model, t5_tokenizer, tiny_vae
 
 
 def bert_tokenizer():
     from transformers import BertTokenizer
 
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + _WORDS + list(string.ascii_lowercase + string.digits)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + list(string.ascii_lowercase + string.digits)
     return BertTokenizer(vocab={piece: i for i, piece in enumerate(vocab)}, model_max_length=77)
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from . import GUARD_PROMPT, GUARD_SIZE, GUARD_TEXT, GuardCase, TinyTests
-from .parts import _WORDS
+from . import GuardCase, TinyTests
+from .parts import WORDS
 
 
 def qwen_tokenizer():
@@ -13,7 +13,7 @@ def qwen_tokenizer():
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {"<pad>": 0, "<unk>": 1, **{w: i + 2 for i, w in enumerate(_WORDS)}}
+    vocab = {"<pad>": 0, "<unk>": 1, **{w: i + 2 for i, w in enumerate(WORDS)}}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.add_special_tokens([AddedToken("<|im_start|>", normalized=False, special=True)])

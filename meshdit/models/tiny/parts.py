@@ -5,7 +5,8 @@ import string
 
 import torch
 
-_WORDS = "a an the of on in at to and with red green blue yellow white black cat dog circle square".split()
+# the words of the tiny tokenizers' vocabularies
+WORDS = "a an the of on in at to and with red green blue yellow white black cat dog circle square".split()
 
 
 def clip_tokenizer(max_length: int = 77):
@@ -22,7 +23,7 @@ def t5_tokenizer():
     from transformers import T5Tokenizer
 
     pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
-    pieces += [("▁" + w, -1.0) for w in _WORDS]
+    pieces += [("▁" + w, -1.0) for w in WORDS]
     pieces += [(c, -3.0) for c in string.ascii_lowercase + string.digits + ",."] + [("▁", -2.0)]
     return T5Tokenizer(vocab=pieces)
 
@@ -68,5 +69,3 @@ def sample_image(height: int = 48, width: int = 80):
     y, x = torch.meshgrid(torch.linspace(0, 1, height), torch.linspace(0, 1, width), indexing="ij")
     rgb = torch.stack([x, y, (x * y).sqrt()], dim=-1)  # [H, W, 3]
     return Image.fromarray((rgb * 255).round().to(torch.uint8).numpy())
-
-

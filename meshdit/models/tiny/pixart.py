@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from . import GUARD_PROMPT, GUARD_SIZE, GUARD_TEXT, GuardCase, TinyTests
+from . import GUARD_PROMPT, GUARD_TEXT, GuardCase, TinyTests
 from .parts import t5_text_model, t5_tokenizer, tiny_vae
 
 
