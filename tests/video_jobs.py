@@ -8,7 +8,7 @@ from meshdit.denoising.recipe import COND
 from meshdit.engine import Engine
 from meshdit.models.registry import family_for_pipeline
 from meshdit.testing.rank_pool import mesh_for, split_layout
-from meshdit.testing.tiny_models import sample_image, scaled_size, tiny_pipeline
+from meshdit.testing.tiny_models import sample_image, scaled_size, tiny_pipeline, tiny_tests
 
 # 9 frames -> 3 latent frames; 48 x 80 px -> 3 x 5 tokens per frame: 45 tokens, divisible by neither 2 nor 4
 # (uneven shards everywhere), and 9 token rows for PipeFusion's patches (3 patches of 3 rows cross no frame
@@ -27,14 +27,13 @@ _PIPES: dict = {}
 
 
 def request(name: str, pipe, prompts=None, steps: int = 2, seed: int = 3) -> GenerateRequest:
-    """Image-to-video (wan-i2v*) animates sample_image(); a model with a fixed text length (Wan I2V: 512, CogVideoX's
-    sin-cos table: its max_text_seq_length, HunyuanVideo 1.5: 1000) takes its default length."""
-    i2v = name.startswith("wan-i2v")
+    """An image-to-video pipeline (Wan I2V) animates sample_image(); a model with a fixed text length (Wan I2V: 512,
+    CogVideoX's sin-cos table: its max_text_seq_length, HunyuanVideo 1.5: 1000) takes its default length."""
+    family = family_for_pipeline(type(pipe).__name__)
+    i2v = type(pipe).__name__ in family.image_to_video_pipelines
     height, width = size(name)
-    fixed_text = family_for_pipeline(type(pipe).__name__).is_text_length_fixed(pipe.transformer.config)
-    extra = {} if fixed_text else {"max_sequence_length": TEXT}
-    if name.startswith("ltx"):  # LTX 0.9.1's decode: a nonzero `temb` and the decode noise (cut with the batch)
-        extra.update(decode_timestep=0.05, decode_noise_scale=0.025)
+    extra = {} if family.is_text_length_fixed(pipe.transformer.config) else {"max_sequence_length": TEXT}
+    extra.update(tiny_tests(name).request_extra)
     return GenerateRequest(prompt=prompts or ["a red cat on a blue square"], height=height, width=width,
                            num_frames=FRAMES, num_inference_steps=steps, seed=seed,
                            image=sample_image(height, width) if i2v else None,

@@ -55,6 +55,11 @@ patch 2); a pipeline with wider tokens multiplies them (TinyTests.token_scale: H
 2), so every family sees the same token grids."""
 
 
+def tiny_tests(name: str):
+    """The TinyTests of the family whose tiny module builds pipeline `name`."""
+    return next(module.TESTS for _, module in tiny_families() if name in module.BUILDERS)
+
+
 def image_family_pipelines() -> list[str]:
     """Every image family's representative tiny pipeline (TinyTests.main), e.g. to run a test on each."""
     return [module.TESTS.main for _, module in tiny_families(video=False)]

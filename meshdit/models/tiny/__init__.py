@@ -33,6 +33,13 @@ class TinyTests:
     layouts: tuple[str, ...] | None = None
     """Ids of the family test's layouts that apply (image: tests/test_cfg_data_parallel.CASES; video:
     tests/test_video.FAMILY_LAYOUTS); None: every one; (): none there (a test file of its own covers them)."""
+    guidance: float | None = None
+    """The tests' guidance scale (FLUX.1: 3.0, true CFG); None: the model's default."""
+    prompt_embeds: tuple[int, int] | None = None
+    """(tokens, width) of random prompt embeddings, one row per prompt, for a tiny pipeline without a text encoder
+    (FLUX.2); None: the prompts are encoded."""
+    request_extra: dict[str, Any] = field(default_factory=dict)
+    """Recipe settings the tests' requests add (LTX: its 0.9.1 decode timestep and noise)."""
     token_scale: int = 1
     """Test sizes are written for tokens 4 pixels wide (image: VAE 2 x patch 2) or 16 (video: VAE 8 x patch 2);
     a family whose tokens are wider multiplies them by this (HunyuanDiT: 4, LTX: 2), so every family sees the same

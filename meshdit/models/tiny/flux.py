@@ -32,7 +32,7 @@ BUILDERS = {
     # hidden 256 (4 heads x 64): Linear layers wide enough that FP8 scales and biases are a small overhead
     "flux-wide": lambda seed=0: tiny_flux_pipeline(seed, head_dim=64),
 }
-TESTS = TinyTests(main="flux", four_blocks="flux-4blocks")
+TESTS = TinyTests(main="flux", four_blocks="flux-4blocks", guidance=3.0)  # true CFG
 GUARD_CASES = {
     "flux": GuardCase("flux", dict(prompt=GUARD_PROMPT, max_sequence_length=GUARD_TEXT), 1.0),
     "flux-true-cfg": GuardCase("flux", dict(prompt=GUARD_PROMPT, negative_prompt="", true_cfg_scale=3.0,

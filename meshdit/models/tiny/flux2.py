@@ -27,8 +27,8 @@ BUILDERS = {
     "flux2": tiny_flux2_pipeline,
     "flux2-4blocks": lambda seed=0: tiny_flux2_pipeline(seed, double=2, single=2),
 }
-# guidance-distilled: no CFG branch to split; data parallelism on three prompts
-TESTS = TinyTests(main="flux2", four_blocks="flux2-4blocks", layouts=("dp2-3prompts",))
+# guidance-distilled: no CFG branch to split; data parallelism on three prompts; no text encoder: embeddings
+TESTS = TinyTests(main="flux2", four_blocks="flux2-4blocks", layouts=("dp2-3prompts",), prompt_embeds=(5, 32))
 FLUX2_EMBEDS = torch.randn(1, 5, 32, generator=torch.Generator().manual_seed(7))
 GUARD_CASES = {
     "flux2": GuardCase("flux2", dict(prompt_embeds=FLUX2_EMBEDS, guidance_scale=4.0), 4.0,
