@@ -6,7 +6,7 @@ from meshdit.engine import Engine
 from meshdit.denoising.recipe import COND
 from meshdit.testing.rank_pool import mesh_for, split_layout
 from meshdit.models.registry import family_for_pipeline
-from meshdit.testing.tiny_models import scaled_size, tiny_flux_pipeline, tiny_pipeline
+from meshdit.testing.tiny_models import scaled_size, tiny_flux_pipeline, tiny_pipeline, tiny_tests
 
 _PIPES: dict = {}
 MAX_SEQ = 6  # text tokens: 6 (Flux), 77 + 6 = 83 (SD3): not divisible by 4
@@ -14,7 +14,7 @@ MAX_SEQ = 6  # text tokens: 6 (Flux), 77 + 6 = 83 (SD3): not divisible by 4
 
 def pipeline(name: str):
     if name not in _PIPES:
-        _PIPES[name] = tiny_flux_pipeline(heads=6) if name == "flux-6heads" else tiny_pipeline(name)
+        _PIPES[name] = tiny_pipeline(name)
         _PIPES[name].set_progress_bar_config(disable=True)
     return _PIPES[name]
 
@@ -24,12 +24,14 @@ def request(name: str, height: int, width: int, seed: int = 3, steps: int = 2, p
     """height and width as written for 4-pixel tokens (scaled_size: the same token grid for every family)."""
     prompts = prompts or ["a red cat on a blue square"]
     height, width = scaled_size(name, height, width)
+    tests = tiny_tests(name)  # the family's test settings
     extra = {} if _fixed_text_length(name) else {"max_sequence_length": MAX_SEQ}
-    if name.startswith("flux2"):  # tiny Flux2 has no text encoder: fixed prompt embeddings, one row per prompt
-        extra["prompt_embeds"] = torch.randn(len(prompts), 5, 32, generator=torch.Generator().manual_seed(7))
-    guidance = 3.0 if name.startswith("flux") and not name.startswith("flux2") else None  # true CFG for Flux
+    extra.update(tests.request_extra)
+    if tests.prompt_embeds:  # a tiny pipeline without a text encoder: fixed prompt embeddings, one row per prompt
+        extra["prompt_embeds"] = torch.randn(len(prompts), *tests.prompt_embeds,
+                                             generator=torch.Generator().manual_seed(7))
     return GenerateRequest(prompt=prompts, height=height, width=width, num_inference_steps=steps, seed=seed,
-                           guidance_scale=guidance, num_images_per_prompt=per_prompt, extra=extra, **settings)
+                           guidance_scale=tests.guidance, num_images_per_prompt=per_prompt, extra=extra, **settings)
 
 
 def _fixed_text_length(name: str) -> bool:
@@ -68,7 +70,7 @@ def generate_fresh(name: str, degrees: dict, height: int, width: int, seed: int 
 
     Returns (final image, parameter bytes this rank holds in transformer blocks, in the rest of the transformer).
     """
-    pipe = tiny_flux_pipeline(heads=6) if name == "flux-6heads" else tiny_pipeline(name)
+    pipe = tiny_pipeline(name)
     pipe.set_progress_bar_config(disable=True)
     config, settings = split_layout(degrees)
     engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None)

@@ -5,7 +5,7 @@ import pytest
 from meshdit.config import ParallelConfig
 from meshdit.errors import ConfigError
 from meshdit.models.info import ModelInfo
-from meshdit.testing.tiny_models import tiny_flux_pipeline, tiny_pipeline
+from meshdit.testing.tiny_models import tiny_families, tiny_pipeline
 from tests import sp_jobs
 
 PROMPTS = ["a red cat", "a blue square on a white background", "two green circles"]  # 3: uneven over 2 groups
@@ -25,32 +25,28 @@ def check(results, ref):
         assert np.abs(images - ref).max() <= 1e-5 * np.abs(ref).max(), f"rank {rank}: images differ"
 
 
-CASES = [
-    # (degrees, prompts, images per prompt)
-    (dict(cfg_degree=2), PROMPTS[:1], 1),
-    (dict(data_parallel_degree=2), PROMPTS, 1),
-    (dict(data_parallel_degree=2), PROMPTS[:1], 2),
-    (dict(cfg_degree=2, ulysses_degree=2), PROMPTS[:1], 1),
-    (dict(data_parallel_degree=2, ring_degree=2), PROMPTS, 1),
-]
+CASES = {
+    # id: (degrees, prompts, images per prompt)
+    "cfg2": (dict(cfg_degree=2), PROMPTS[:1], 1),
+    "dp2-3prompts": (dict(data_parallel_degree=2), PROMPTS, 1),
+    "dp2-2images": (dict(data_parallel_degree=2), PROMPTS[:1], 2),
+    "cfg2-u2": (dict(cfg_degree=2, ulysses_degree=2), PROMPTS[:1], 1),
+    "dp2-r2": (dict(data_parallel_degree=2, ring_degree=2), PROMPTS, 1),
+    "cfg2-r2-u2": (dict(cfg_degree=2, ring_degree=2, ulysses_degree=2), PROMPTS[:1], 1),  # eight ranks
+}
+# every image family under the cases its tiny pipeline takes (TinyTests.layouts: HunyuanDiT's DDPM draws noise in
+# every step, so data parallelism is refused; FLUX.2 is guidance-distilled, so it has no CFG branch to split)
+FAMILY_CASES = [(module.TESTS.main, case) for _, module in tiny_families(video=False)
+                for case in (CASES if module.TESTS.layouts is None else module.TESTS.layouts)]
 
 
-@pytest.mark.parametrize("degrees,prompts,per_prompt", CASES,
-                         ids=["cfg2", "dp2-3prompts", "dp2-2images", "cfg2-u2", "dp2-r2"])
-@pytest.mark.parametrize("name", ["flux", "sd35", "pixart-sigma"])
-def test_layout_equals_single_process(run_ranks, name, degrees, prompts, per_prompt):
+@pytest.mark.parametrize("name,case", FAMILY_CASES, ids=[f"{name}-{case}" for name, case in FAMILY_CASES])
+def test_layout_equals_single_process(run_ranks, name, case):
+    degrees, prompts, per_prompt = CASES[case]
     world = ParallelConfig(**degrees).world_size
     results = run_ranks(world, sp_jobs.generate_layout, name, degrees, 36, 44, prompts=prompts,
                         per_prompt=per_prompt)
     check(results, reference(name, prompts, per_prompt))
-
-
-@pytest.mark.parametrize("degrees", [dict(cfg_degree=2), dict(cfg_degree=2, ulysses_degree=2)], ids=["cfg2", "cfg2-u2"])
-@pytest.mark.parametrize("name", ["hunyuandit"])  # its DDPM draws noise in every step: data parallelism is refused
-def test_cfg_of_families_that_refuse_data_parallelism(run_ranks, name, degrees):
-    results = run_ranks(ParallelConfig(**degrees).world_size, sp_jobs.generate_layout, name, degrees, 36, 44,
-                        prompts=PROMPTS[:1])
-    check(results, reference(name, PROMPTS[:1], 1))
 
 
 def test_data_parallel_refused_where_the_scheduler_draws_noise_in_each_step():
@@ -61,22 +57,9 @@ def test_data_parallel_refused_where_the_scheduler_draws_noise_in_each_step():
     info.check(ParallelConfig(cfg_degree=2), 64, 64, num_images=2)  # CFG parallel: both ranks draw the same
 
 
-@pytest.mark.parametrize("name", ["flux", "sd35", "pixart-sigma"])
-def test_cfg2_ring2_ulysses2_on_eight_ranks(run_ranks, name):
-    degrees = dict(cfg_degree=2, ring_degree=2, ulysses_degree=2)
-    results = run_ranks(8, sp_jobs.generate_layout, name, degrees, 36, 44, prompts=PROMPTS[:1])
-    check(results, reference(name, PROMPTS[:1], 1))
-
-
-def test_flux2_data_parallel(run_ranks):
-    results = run_ranks(2, sp_jobs.generate_layout, "flux2", dict(data_parallel_degree=2), 36, 44, prompts=PROMPTS)
-    check(results, reference("flux2", PROMPTS, 1))
-
-
-@pytest.mark.parametrize("build", [lambda: tiny_pipeline("flux2"), lambda: tiny_flux_pipeline(guidance_embeds=True)],
-                         ids=["flux2", "flux-guidance-distilled"])
-def test_cfg_parallel_refused_for_guidance_distilled_models(build):
-    info = ModelInfo.from_pipeline(build())
+@pytest.mark.parametrize("name", ["flux2", "flux-distilled"])
+def test_cfg_parallel_refused_for_guidance_distilled_models(name):
+    info = ModelInfo.from_pipeline(tiny_pipeline(name))
     with pytest.raises(ConfigError, match="guidance-distilled.*Drop --use-cfg-parallel"):
         info.check(ParallelConfig(cfg_degree=2), 32, 32)
 

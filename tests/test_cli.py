@@ -12,6 +12,7 @@ from PIL import Image
 from meshdit.cli import build_parser, generate_settings, main
 from meshdit.config import GenerateRequest, ParallelConfig
 from meshdit.errors import ConfigError
+from meshdit.models.registry import FAMILIES
 from meshdit.testing.tiny_models import tiny_pipeline
 
 CLI = [sys.executable, "-m", "meshdit", "generate"]
@@ -243,47 +244,45 @@ def test_api_takes_the_same_defaults_as_the_cli(tiny_flux_dir, capfd):
     assert (tiny.num_inference_steps, tiny.guidance_scale, tiny.extra["max_sequence_length"]) == (28, 3.5, 512)
 
 
-def test_registry_defaults_equal_diffusers():
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_registry_defaults_equal_diffusers(family):
     """The rows' plain-data defaults are diffusers' own (recipes take theirs from the rows)."""
     import inspect
 
     import diffusers
 
-    from meshdit.models.registry import FAMILIES
-
-    for family in FAMILIES:
-        for pipeline_class in family.pipeline_classes:
-            call = inspect.signature(getattr(diffusers, pipeline_class).__call__).parameters
-            if "max_sequence_length" in call:  # HunyuanDiT's text lengths are fixed by its transformer
-                assert family.max_sequence_length_for(pipeline_class) == call["max_sequence_length"].default
-            assert family.default_steps == call["num_inference_steps"].default, pipeline_class
-            if family.default_guidance_from_guider:  # HunyuanVideo 1.5: the declared guider class's default
-                guider = inspect.signature(getattr(diffusers, pipeline_class).__init__).parameters["guider"]
-                scale = inspect.signature(guider.annotation.__init__).parameters["guidance_scale"].default
-                assert "guidance_scale" not in call and family.default_guidance == scale, pipeline_class
-            else:
-                assert family.default_guidance == call["guidance_scale"].default, pipeline_class
-            size, frames = (call["height"].default, call["width"].default), call.get("num_frames")
-            if family.default_pixel_size_by_config:  # HunyuanVideo 1.5: the bucket of the config's target_size
-                key, sizes = family.default_pixel_size_by_config
-                pipe_module = inspect.getmodule(getattr(diffusers, pipeline_class))
-                init = inspect.signature(getattr(diffusers, family.transformer_class).__init__).parameters
-                processor = pipe_module.HunyuanVideo15ImageProcessor(vae_scale_factor=16)
-                for value, pixels in sizes.items():
-                    assert processor.calculate_default_height_width(9, 16, value) == pixels, (pipeline_class, value)
-                size = sizes[init[key].default]
-            frames = frames and frames.default
-            if family.is_video and size == (None, None):  # CogVideoX: the config's sample_height / _width x its
-                # VAE's 8, and its sample_frames
-                init = inspect.signature(getattr(diffusers, family.transformer_class).__init__).parameters
-                size = (init["sample_height"].default * 8, init["sample_width"].default * 8)
-                frames = init["sample_frames"].default
-            if family.default_pixel_size:
-                assert family.default_pixel_size == size, pipeline_class
-            if family.is_video:  # (fps is no pipeline argument but LTX's frame_rate: else the docs' export fps)
-                assert family.default_num_frames == frames, pipeline_class
-                if "frame_rate" in call:
-                    assert family.default_fps == call["frame_rate"].default, pipeline_class
+    for pipeline_class in family.pipeline_classes:
+        call = inspect.signature(getattr(diffusers, pipeline_class).__call__).parameters
+        if "max_sequence_length" in call:  # HunyuanDiT's text lengths are fixed by its transformer
+            assert family.max_sequence_length_for(pipeline_class) == call["max_sequence_length"].default
+        assert family.default_steps == call["num_inference_steps"].default, pipeline_class
+        if family.default_guidance_from_guider:  # HunyuanVideo 1.5: the declared guider class's default
+            guider = inspect.signature(getattr(diffusers, pipeline_class).__init__).parameters["guider"]
+            scale = inspect.signature(guider.annotation.__init__).parameters["guidance_scale"].default
+            assert "guidance_scale" not in call and family.default_guidance == scale, pipeline_class
+        else:
+            assert family.default_guidance == call["guidance_scale"].default, pipeline_class
+        size, frames = (call["height"].default, call["width"].default), call.get("num_frames")
+        if family.default_pixel_size_by_config:  # HunyuanVideo 1.5: the bucket of the config's target_size
+            key, sizes = family.default_pixel_size_by_config
+            pipe_module = inspect.getmodule(getattr(diffusers, pipeline_class))
+            init = inspect.signature(getattr(diffusers, family.transformer_class).__init__).parameters
+            processor = pipe_module.HunyuanVideo15ImageProcessor(vae_scale_factor=16)
+            for value, pixels in sizes.items():
+                assert processor.calculate_default_height_width(9, 16, value) == pixels, (pipeline_class, value)
+            size = sizes[init[key].default]
+        frames = frames and frames.default
+        if family.is_video and size == (None, None):  # CogVideoX: the config's sample_height / _width x its
+            # VAE's 8, and its sample_frames
+            init = inspect.signature(getattr(diffusers, family.transformer_class).__init__).parameters
+            size = (init["sample_height"].default * 8, init["sample_width"].default * 8)
+            frames = init["sample_frames"].default
+        if family.default_pixel_size:
+            assert family.default_pixel_size == size, pipeline_class
+        if family.is_video:  # (fps is no pipeline argument but LTX's frame_rate: else the docs' export fps)
+            assert family.default_num_frames == frames, pipeline_class
+            if "frame_rate" in call:
+                assert family.default_fps == call["frame_rate"].default, pipeline_class
 
 
 def test_a_fixed_text_length_refuses_another_max_sequence_length():
@@ -295,6 +294,22 @@ def test_a_fixed_text_length_refuses_another_max_sequence_length():
         info.check_request(ParallelConfig(), GenerateRequest(prompt="a cat", height=64, width=64,
                                                              extra={"max_sequence_length": 100}))
     info.check_request(ParallelConfig(), GenerateRequest(prompt="a cat", height=64, width=64))  # its default passes
+
+
+def test_a_fixed_text_length_is_read_from_the_transformer_config():
+    """CogVideoX without rotary embeddings takes exactly its positional table's max_text_seq_length text tokens
+    (16 in diffusers' test config, not the released 226): that is its default, and another length is refused."""
+    from meshdit.models.info import ModelInfo
+
+    info = ModelInfo.from_pipeline(tiny_pipeline("cogvideox-sincos16"))
+    assert info.request_defaults().max_sequence_length == 16
+    request = dict(prompt="a cat", height=48, width=80, num_frames=9)
+    info.check_request(ParallelConfig(), GenerateRequest(**request))
+    with pytest.raises(ConfigError, match="takes exactly 16 text tokens.*not 226: drop --max-sequence-length"):
+        info.check_request(ParallelConfig(), GenerateRequest(**request, extra={"max_sequence_length": 226}))
+    rotary = ModelInfo.from_pipeline(tiny_pipeline("cogvideox"))  # rotary embeddings: any length, default 226
+    assert rotary.request_defaults().max_sequence_length == 226
+    rotary.check_request(ParallelConfig(), GenerateRequest(**request, extra={"max_sequence_length": 16}))
 
 
 def test_unreachable_hub_fails_within_seconds(tmp_path):

@@ -7,7 +7,7 @@ from meshdit.errors import ConfigError, RankFailedError
 from meshdit.models.info import ModelInfo
 from meshdit.parallel.pipefusion import balanced_stages, block_weight
 from meshdit.testing.rank_pool import split_layout
-from meshdit.testing.tiny_models import tiny_pipeline
+from meshdit.testing.tiny_models import tiny_families, tiny_pipeline
 from tests import sp_jobs
 
 STEPS = 4
@@ -41,7 +41,7 @@ def run(run_ranks, name, **degrees):
     return run_ranks(world, sp_jobs.generate_fresh, name, degrees, *SIZE, steps=STEPS)
 
 
-FAMILIES_4 = ["flux-4blocks", "flux2-4blocks", "sd35-4blocks", "pixart-sigma-4blocks", "hunyuandit-4blocks"]
+FAMILIES_4 = [module.TESTS.four_blocks for _, module in tiny_families(video=False)]  # every image family's
 
 
 @pytest.mark.parametrize("stages", [2, 4])

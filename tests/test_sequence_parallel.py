@@ -3,11 +3,13 @@ import numpy as np
 import pytest
 import torch
 
+from meshdit.testing.tiny_models import tiny_families
 from tests import sp_jobs
 
 LAYOUTS = [(1, 2), (2, 1), (2, 2), (1, 4), (4, 1)]  # (ring, ulysses)
 SIZES = [(32, 32), (32, 48), (36, 44)]  # square, non-square, 9x11 = 99 tokens: divides by neither 2 nor 4
-FAMILIES = ["flux", "flux2", "sd35", "pixart-sigma", "hunyuandit"]
+FAMILIES = [module.TESTS.main for _, module in tiny_families(video=False)]  # every image family's tiny pipeline
+VARIANTS = [name for _, module in tiny_families(video=False) for name in module.TESTS.variants]
 
 _REFERENCE: dict = {}
 
@@ -44,7 +46,7 @@ def test_parallel_vae_under_ulysses_equals_single_process(run_ranks, name):
     assert_equal_to_reference(results, reference(name, 36, 44))
 
 
-@pytest.mark.parametrize("name", ["sd3", "pixart-alpha"])
+@pytest.mark.parametrize("name", VARIANTS)
 def test_other_pipelines_of_the_families(run_ranks, name):
     results = run_ranks(4, sp_jobs.generate, name, 2, 2, 36, 44)
     assert_equal_to_reference(results, reference(name, 36, 44))

@@ -1,9 +1,11 @@
-"""Video (Wan, LTX, CogVideoX): every exact layout equals one process on a token grid no degree divides; degree 1 is
-diffusers' own (tests/test_diffusers_guard.py)."""
+"""Video families: every exact layout equals one process on a token grid no degree divides; degree 1 is diffusers'
+own (tests/test_diffusers_guard.py). Every video family runs through FAMILY_LAYOUTS (its tiny module's TESTS say
+which); Wan 2.2's experts, image-to-video and CogVideoX's variants have tests of their own."""
 import numpy as np
 import pytest
 
 from meshdit.testing.rank_pool import split_layout
+from meshdit.testing.tiny_models import tiny_families
 from tests import video_jobs
 
 _REFERENCE: dict = {}
@@ -43,74 +45,63 @@ DP_PROMPTS = ["a red cat", "a blue dog", "two green circles"]  # 3 videos over 2
 PIPEFUSION = dict(pipefusion_parallel_degree=2, warmup_steps=2)  # full warmup: both steps on the whole video
 FAMILY_LAYOUTS = {**LAYOUTS, "dp2": dict(data_parallel_degree=2), "pf2": dict(PIPEFUSION, num_pipeline_patch=2),
                   "pf2-3patches": dict(PIPEFUSION, num_pipeline_patch=3)}
-"""Every exact layout of a family added after Wan, on one test (PipeFusion on its 4-block pipeline)."""
+"""Every exact layout of a video family (PipeFusion on its 4-block pipeline)."""
+# every video family under the layouts its tiny pipelines take (TinyTests.layouts; () where a test file of its own
+# covers the family: HunyuanVideo's and HunyuanVideo 1.5's masked prompts)
+FAMILY_CASES = [(module.TESTS, layout) for _, module in tiny_families(video=True)
+                for layout in (FAMILY_LAYOUTS if module.TESTS.layouts is None else module.TESTS.layouts)]
 
 
-@pytest.mark.parametrize("layout", list(FAMILY_LAYOUTS))
-@pytest.mark.parametrize("family", ["ltx", "cogvideox"])
-def test_family_equals_one_process_under_every_layout(run_ranks, family, layout):
-    """LTX: packed [B, S, C] tokens sharded at the model's input and its rotary table at the rope's output;
-    PipeFusion's patches are runs of those tokens (2 patches: one crosses a frame boundary). CogVideoX: text
-    and video tokens both sharded at the first block (joint attention over [text, video]), its rotary table
-    where the model takes it; DDIM."""
+@pytest.mark.parametrize("tiny,layout", FAMILY_CASES, ids=[f"{tiny.main}-{layout}" for tiny, layout in FAMILY_CASES])
+def test_family_equals_one_process_under_every_layout(run_ranks, tiny, layout):
+    """Wan: the flat frame-major sequence sharded at blocks.0's input, the rotary table at the rope's output;
+    PipeFusion's patches are frame-major token rows (2 patches: one crosses a frame boundary). LTX: packed
+    [B, S, C] tokens sharded at the model's input and its rotary table at the rope's output; PipeFusion's patches
+    are runs of those tokens. CogVideoX: text and video tokens both sharded at the first block (joint attention
+    over [text, video]), its rotary table where the model takes it; DDIM."""
     degrees = FAMILY_LAYOUTS[layout]
     pipefusion = "pipefusion_parallel_degree" in degrees
-    name = f"{family}-4blocks" if pipefusion else family
+    name = tiny.four_blocks if pipefusion else tiny.main
     prompts = DP_PROMPTS if "data_parallel_degree" in degrees else None
     check(run_ranks(world(degrees), video_jobs.generate, name, degrees, prompts, fresh=pipefusion),
           reference(name, prompts), name)
 
 
-@pytest.mark.parametrize("family", ["ltx", "cogvideox"])
+VAE_FAMILIES = [module.TESTS.main for _, module in tiny_families(video=True) if module.TESTS.layouts != ()]
+
+
+@pytest.mark.parametrize("family", VAE_FAMILIES)
 def test_family_parallel_vae_decode_equals_one_process(run_ranks, family):
-    """LTX's timestep-conditioned decoder: `temb` reaches vae.decode on every rank of the band split;
-    CogVideoX's frame batches with conv caches, in the engine."""
+    """--use-parallel-vae on a video model: the latents [B, C, F, h, w] decoded in row bands over the image group
+    (meshdit.vae; each VAE class on 2, 3 and 4 ranks in tests/vae/test_video_vae.py). LTX's timestep-conditioned
+    decoder: `temb` reaches vae.decode on every rank of the band split; CogVideoX's frame batches with conv caches,
+    in the engine."""
     degrees = dict(ulysses_degree=2)
     check(run_ranks(2, video_jobs.generate, family, degrees, vae=dict(parallel=True)), reference(family), family)
 
 
 @pytest.mark.parametrize("name,layout", [("cogvideox-dpm", "cfg2"), ("cogvideox-dpm", "r2u2"),
                                          ("cogvideox-dpm", "pf2"), ("cogvideox-sincos", "u2"),
-                                         ("cogvideox-sincos", "r2")])
+                                         ("cogvideox-sincos", "r2"), ("cogvideox-sincos16", "u2"),
+                                         ("cogvideox-sincos16", "r2"), ("cogvideox-sincos16", "pf2")])
 def test_cogvideox_variants_equal_one_process(run_ranks, name, layout):
     """The 5B's DPM scheduler (3 steps: its second-order update runs from step 2; it draws noise in every step
     from the request's generator, which every rank holds alike; data parallelism is refused, see
-    tests/reliability) and the 2B's sin-cos positional table (added before the split; 226 text tokens)."""
+    tests/reliability) and the 2B's sin-cos positional table (added before the split), over the released 226 text
+    tokens and diffusers' test config's 16 (the fixed length read from max_text_seq_length)."""
     degrees = dict(FAMILY_LAYOUTS[layout])
-    pipefusion = "pipefusion_parallel_degree" in degrees
-    if pipefusion:
-        name, degrees["warmup_steps"] = f"{name}-4blocks", 3
     steps = 3 if name.startswith("cogvideox-dpm") else 2
+    if "pipefusion_parallel_degree" in degrees:
+        name, degrees["warmup_steps"] = f"{name}-4blocks", steps  # full warmup: exact
+    pipefusion = "pipefusion_parallel_degree" in degrees
     check(run_ranks(world(degrees), video_jobs.generate, name, degrees, steps=steps, fresh=pipefusion),
           reference(name, steps=steps), name)
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_sequence_and_cfg_parallel_equal_one_process(run_ranks, layout):
-    degrees = LAYOUTS[layout]
-    check(run_ranks(world(degrees), video_jobs.generate, "wan", degrees), reference("wan"))
-
-
-@pytest.mark.parametrize("layout", ["u2", "cfg2-u2"])
-def test_parallel_video_vae_decode_in_the_engine_equals_one_process(run_ranks, layout):
-    """--use-parallel-vae on a video model: the latents [B, C, F, h, w] decoded in row bands over the image
-    group (meshdit.vae; each VAE class on 2, 3 and 4 ranks in tests/vae/test_video_vae.py)."""
-    degrees = LAYOUTS[layout]
+def test_parallel_video_vae_decode_under_cfg_and_ulysses_equals_one_process(run_ranks):
+    """The band split over the image group of a CFG x Ulysses layout (two image groups of 2 ranks)."""
+    degrees = LAYOUTS["cfg2-u2"]
     check(run_ranks(world(degrees), video_jobs.generate, "wan", degrees, vae=dict(parallel=True)), reference("wan"))
-
-
-def test_data_parallel_equals_one_process(run_ranks):
-    prompts = ["a red cat", "a blue dog", "two green circles"]  # 3 videos over 2 groups
-    degrees = dict(data_parallel_degree=2)
-    check(run_ranks(2, video_jobs.generate, "wan", degrees, prompts), reference("wan", prompts))
-
-
-@pytest.mark.parametrize("patches", [2, 3])
-def test_pipefusion_with_full_warmup_equals_one_process(run_ranks, patches):
-    """Patches of frame-major token rows (2 patches: one crosses a frame boundary)."""
-    degrees = dict(pipefusion_parallel_degree=2, warmup_steps=2, num_pipeline_patch=patches)
-    results = run_ranks(2, video_jobs.generate, "wan-4blocks", degrees, fresh=True)
-    check(results, reference("wan-4blocks"))
 
 
 def test_pipefusion_hybrid_with_ulysses_equals_one_process(run_ranks):

@@ -6,37 +6,34 @@ from dataclasses import replace
 from meshdit.config import GenerateRequest
 from meshdit.denoising.recipe import COND
 from meshdit.engine import Engine
+from meshdit.models.registry import family_for_pipeline
 from meshdit.testing.rank_pool import mesh_for, split_layout
-from meshdit.testing.tiny_models import sample_image, tiny_pipeline
+from meshdit.testing.tiny_models import sample_image, scaled_size, tiny_pipeline, tiny_tests
 
 # 9 frames -> 3 latent frames; 48 x 80 px -> 3 x 5 tokens per frame: 45 tokens, divisible by neither 2 nor 4
 # (uneven shards everywhere), and 9 token rows for PipeFusion's patches (3 patches of 3 rows cross no frame
 # boundary; 2 patches of 5 + 4 rows do).
 FRAMES, HEIGHT, WIDTH = 9, 48, 80
 TEXT = 6  # max_sequence_length, kept small for speed
-PIXEL_SCALE = {"ltx": 2, "ltx-4blocks": 2}
-"""Families whose tokens are wider than Wan's 16 pixels (LTX: 32) get sizes scaled to the same token grid."""
 
 
 def size(name: str) -> tuple[int, int]:
-    """(height, width) in pixels of the tests' 3 x 5 tokens per frame for pipeline `name`."""
-    scale = PIXEL_SCALE.get(name, 1)
-    return HEIGHT * scale, WIDTH * scale
+    """(height, width) in pixels of the tests' 3 x 5 tokens per frame for pipeline `name` (tokens wider than
+    Wan's 16 pixels, LTX's 32, scaled: TinyTests.token_scale)."""
+    return scaled_size(name, HEIGHT, WIDTH)
 
 
 _PIPES: dict = {}
 
 
-def request(name: str, prompts=None, steps: int = 2, seed: int = 3) -> GenerateRequest:
-    """Image-to-video (wan-i2v*) animates sample_image() and takes the text at its fixed 512 tokens; CogVideoX's
-    sin-cos variant at its 226."""
-    i2v = name.startswith("wan-i2v")
-    # 512 (Wan I2V), 226 (the sin-cos table's), 1000 (HunyuanVideo 1.5's pipeline) tokens
-    fixed_text = i2v or name.startswith(("cogvideox-sincos", "hunyuanvideo15"))
+def request(name: str, pipe, prompts=None, steps: int = 2, seed: int = 3) -> GenerateRequest:
+    """An image-to-video pipeline (Wan I2V) animates sample_image(); a model with a fixed text length (Wan I2V: 512,
+    CogVideoX's sin-cos table: its max_text_seq_length, HunyuanVideo 1.5: 1000) takes its default length."""
+    family = family_for_pipeline(type(pipe).__name__)
+    i2v = type(pipe).__name__ in family.image_to_video_pipelines
     height, width = size(name)
-    extra = {} if fixed_text else {"max_sequence_length": TEXT}
-    if name.startswith("ltx"):  # LTX 0.9.1's decode: a nonzero `temb` and the decode noise (cut with the batch)
-        extra.update(decode_timestep=0.05, decode_noise_scale=0.025)
+    extra = {} if family.is_text_length_fixed(pipe.transformer.config) else {"max_sequence_length": TEXT}
+    extra.update(tiny_tests(name).request_extra)
     return GenerateRequest(prompt=prompts or ["a red cat on a blue square"], height=height, width=width,
                            num_frames=FRAMES, num_inference_steps=steps, seed=seed,
                            image=sample_image(height, width) if i2v else None,
@@ -59,7 +56,7 @@ def generate(name: str, layout: dict, prompts=None, steps: int = 2, fresh: bool 
     config, settings = split_layout(layout)  # degrees; PipeFusion's warmup steps and patches (request fields)
     engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None, VaeDecodeSettings(**(vae or {})))
     try:
-        req = replace(request(name, prompts, steps), **settings)
+        req = replace(request(name, pipe, prompts, steps), **settings)
         out = None
         if config.pipefusion_parallel_degree == 1:  # a lone forward needs every block on this rank
             with torch.inference_mode():

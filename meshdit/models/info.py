@@ -12,9 +12,10 @@ from .registry import ModelFamily, family_for_pipeline
 
 NOISE_DRAWING_SCHEDULERS = frozenset({
     "DDPMScheduler", "DDPMParallelScheduler", "EulerAncestralDiscreteScheduler", "KDPM2AncestralDiscreteScheduler",
-    "DPMSolverSDEScheduler", "LCMScheduler", "TCDScheduler", "CogVideoXDPMScheduler"})
+    "DPMSolverSDEScheduler", "LCMScheduler", "TCDScheduler"})
 """Schedulers whose step() draws noise from the request's generator (e.g. HunyuanDiT's DDPM): a rank holding
-part of the batch would draw other noise than one process drawing it for the whole batch."""
+part of the batch would draw other noise than one process drawing it for the whole batch. A family's own such
+schedulers are its row's noise_drawing_schedulers."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,8 @@ class ModelInfo:
     def draws_noise_each_step(self) -> bool:
         """The scheduler's step draws from the request's generator: no batch (nor part of one) can reproduce
         the noise one process gives a request alone."""
-        return self.scheduler_class in NOISE_DRAWING_SCHEDULERS
+        return self.scheduler_class in NOISE_DRAWING_SCHEDULERS or \
+            self.scheduler_class in self.family.noise_drawing_schedulers
 
     @property
     def default_size(self) -> tuple[int, int]:
@@ -114,8 +116,8 @@ class ModelInfo:
                                    bundled.DEFAULT_GUIDANCE, bundled.DEFAULT_MAX_SEQUENCE_LENGTH)
         family = self.family
         guidance = family.default_guidance if self.guider_scale is None else float(self.guider_scale)
-        return RequestDefaults(*self.default_size, family.default_steps, guidance,
-                               family.max_sequence_length_for(self.pipeline_class), family.default_num_frames,
+        text = family.fixed_text_length(self.transformer_config) or family.max_sequence_length_for(self.pipeline_class)
+        return RequestDefaults(*self.default_size, family.default_steps, guidance, text, family.default_num_frames,
                                family.default_fps)
 
     def make_recipe(self, pipe):
@@ -130,10 +132,10 @@ class ModelInfo:
         request.validate()
         limit = self.family.max_sequence_length_limit
         tokens = request.extra["max_sequence_length"]
-        if self.family.is_text_length_fixed(self.transformer_config) and tokens != self.family.default_max_sequence_length:
-            raise ConfigError(f"this {self.pipeline_class} takes exactly {self.family.default_max_sequence_length} "
-                              f"text tokens (its transformer's fixed text length), not {tokens}: drop "
-                              "--max-sequence-length.")
+        fixed = self.family.fixed_text_length(self.transformer_config)
+        if fixed is not None and tokens != fixed:
+            raise ConfigError(f"this {self.pipeline_class} takes exactly {fixed} text tokens (its transformer's fixed "
+                              f"text length), not {tokens}: drop --max-sequence-length.")
         if limit is not None and tokens > limit:
             raise ConfigError(f"--max-sequence-length {tokens} exceeds what this {self.pipeline_class}'s text encoder "
                               f"takes ({limit} tokens): use --max-sequence-length <= {limit}.")

@@ -31,10 +31,17 @@ class ModelFamily:
     max_sequence_length_limit: int | None = None
     """The text encoder's cap on --max-sequence-length (T5 in FLUX.1 and SD3: 512); None: no fixed cap."""
     max_sequence_length_fixed: bool | str | tuple[str, bool] = False
-    """The transformer takes exactly default_max_sequence_length text tokens (HunyuanDiT: its T5 length): True,
-    or the transformer config key that, when set, makes it so (Wan 2.1 I2V: added_kv_proj_dim, image K/V
-    projections whose processor cuts the text at 512 tokens from the end), or (key, value): when the key is
-    that truth value (CogVideoX without rotary embeddings: its positional table covers 226 text tokens)."""
+    """The transformer takes exactly one text length (fixed_text_length_key's, else default_max_sequence_length;
+    HunyuanDiT: its T5 length): True, or the transformer config key that, when set, makes it so (Wan 2.1 I2V:
+    added_kv_proj_dim, image K/V projections whose processor cuts the text at 512 tokens from the end), or
+    (key, value): when the key is that truth value (CogVideoX without rotary embeddings: its positional table
+    covers max_text_seq_length text tokens)."""
+    fixed_text_length_key: str | None = None
+    """The transformer config key holding that fixed length (CogVideoX: max_text_seq_length; 226 in the released
+    models, 16 in diffusers' test config); None, or absent from the config: default_max_sequence_length."""
+    noise_drawing_schedulers: tuple[str, ...] = ()
+    """The family's own schedulers whose step() draws noise from the request's generator (CogVideoX's DPM), beside
+    diffusers' general ones (models/info.NOISE_DRAWING_SCHEDULERS)."""
     default_sample_size: int | None = None
     """Latent size the pipeline defaults to; None: the transformer config's sample_size."""
     guidance_distilled: bool | str = False
@@ -65,6 +72,10 @@ class ModelFamily:
     call_arguments: tuple[str, ...] = ()
     """Pipeline __call__ arguments without a flag of their own that the recipe takes from GenerateRequest.extra
     (`--extra KEY=JSON`; tests/models/test_call_arguments.py checks each is one of __call__'s)."""
+    # -- tests --
+    tiny_module: str = ""
+    """The module of the family's tiny random-weight pipelines (`meshdit.models.tiny.<family>`: BUILDERS, TESTS,
+    GUARD_CASES); the parametrised tests run every family through it."""
 
     @property
     def is_video(self) -> bool:
@@ -100,6 +111,14 @@ class ModelFamily:
         """Blocks PipeFusion can cut into stages (double- and single-stream blocks alike)."""
         return int(transformer_config.get("num_layers", 0)) + int(transformer_config.get("num_single_layers", 0))
 
+    def fixed_text_length(self, transformer_config: dict) -> int | None:
+        """The one text length this transformer takes (its default, and the only --max-sequence-length it
+        accepts), or None where any length works."""
+        if not self.is_text_length_fixed(transformer_config):
+            return None
+        length = transformer_config.get(self.fixed_text_length_key) if self.fixed_text_length_key else None
+        return self.default_max_sequence_length if length is None else int(length)
+
     def is_text_length_fixed(self, transformer_config: dict) -> bool:
         if isinstance(self.max_sequence_length_fixed, tuple):
             key, value = self.max_sequence_length_fixed
@@ -121,45 +140,55 @@ class ModelFamily:
 FAMILIES = (
     ModelFamily("flux", "FluxTransformer2DModel", ("FluxPipeline",), "meshdit.models.flux", packed=True,
                 default_steps=28, default_guidance=3.5, default_max_sequence_length=512,
-                max_sequence_length_limit=512, default_sample_size=128, guidance_distilled="guidance_embeds"),
+                max_sequence_length_limit=512, default_sample_size=128, guidance_distilled="guidance_embeds",
+                tiny_module="meshdit.models.tiny.flux"),
     ModelFamily("flux2", "Flux2Transformer2DModel", ("Flux2Pipeline",), "meshdit.models.flux2", packed=True,
                 default_steps=50, default_guidance=4.0, default_max_sequence_length=512, default_sample_size=128,
-                guidance_distilled=True, call_arguments=("prompt_embeds",)),
+                guidance_distilled=True, call_arguments=("prompt_embeds",),
+                tiny_module="meshdit.models.tiny.flux2"),
     ModelFamily("sd3", "SD3Transformer2DModel", ("StableDiffusion3Pipeline",), "meshdit.models.sd3", packed=False,
                 default_steps=28, default_guidance=7.0, default_max_sequence_length=256,
-                max_sequence_length_limit=512),
+                max_sequence_length_limit=512,
+                tiny_module="meshdit.models.tiny.sd3"),
     ModelFamily("pixart", "PixArtTransformer2DModel", ("PixArtSigmaPipeline", "PixArtAlphaPipeline"),
                 "meshdit.models.pixart", packed=False, default_steps=20, default_guidance=4.5,
-                default_max_sequence_length=300, max_sequence_length_by_pipeline={"PixArtAlphaPipeline": 120}),
+                default_max_sequence_length=300, max_sequence_length_by_pipeline={"PixArtAlphaPipeline": 120},
+                tiny_module="meshdit.models.tiny.pixart"),
     ModelFamily("hunyuandit", "HunyuanDiT2DModel", ("HunyuanDiTPipeline",), "meshdit.models.hunyuandit",
                 packed=False, default_steps=50, default_guidance=5.0, default_max_sequence_length=256,
-                max_sequence_length_fixed=True),
+                max_sequence_length_fixed=True,
+                tiny_module="meshdit.models.tiny.hunyuandit"),
     # Wan 2.1 / 2.2 (a WanPipeline with transformer_2 and boundary_ratio: two experts). UMT5 text goes in through
     # cross-attention only, so any text length works; defaults are WanPipeline.__call__'s and its examples' fps.
     ModelFamily("wan", "WanTransformer3DModel", ("WanPipeline", "WanImageToVideoPipeline"), "meshdit.models.wan",
                 packed=False, default_steps=50, default_guidance=5.0, default_max_sequence_length=512,
                 max_sequence_length_fixed="added_kv_proj_dim", default_pixel_size=(480, 832),
                 default_num_frames=81, default_fps=16, image_to_video_pipelines=("WanImageToVideoPipeline",),
-                refused_pipeline_config={"expand_timesteps": "Wan 2.2 TI2V's per-token timesteps"}),
+                refused_pipeline_config={"expand_timesteps": "Wan 2.2 TI2V's per-token timesteps"},
+                tiny_module="meshdit.models.tiny.wan"),
     # LTX-Video text-to-video: T5 text through cross-attention (any length); the frame rate conditions the
     # rotary positions, so default_fps is __call__'s frame_rate; tokens are VAE pixels x patch_size wide.
     ModelFamily("ltx", "LTXVideoTransformer3DModel", ("LTXPipeline",), "meshdit.models.ltx", packed=False,
                 default_steps=50, default_guidance=3.0, default_max_sequence_length=128, default_pixel_size=(512, 704),
                 default_num_frames=161, default_fps=25, vae_temporal_factor_key="temporal_compression_ratio",
-                call_arguments=("decode_timestep", "decode_noise_scale")),
-    # CogVideoX 1.0 text-to-video (2B: sin-cos positional table, which covers exactly 226 text tokens; 5B: 3-D
-    # rotary embeddings, any text length). Text joins the video tokens in every attention. The pipeline defaults
+                call_arguments=("decode_timestep", "decode_noise_scale"),
+                tiny_module="meshdit.models.tiny.ltx"),
+    # CogVideoX 1.0 text-to-video (2B: sin-cos positional table, which covers exactly max_text_seq_length = 226
+    # text tokens; 5B: 3-D rotary embeddings, any text length). Text joins the video tokens in every attention. The pipeline defaults
     # size and frames from the transformer config (sample_height/width x 8, sample_frames: 480 x 720, 49 in 1.0);
     # fps is its examples' export_to_video fps.
     ModelFamily("cogvideox", "CogVideoXTransformer3DModel", ("CogVideoXPipeline",), "meshdit.models.cogvideox",
                 packed=False, default_steps=50, default_guidance=6.0, default_max_sequence_length=226,
-                max_sequence_length_fixed=("use_rotary_positional_embeddings", False), default_pixel_size=(480, 720),
+                max_sequence_length_fixed=("use_rotary_positional_embeddings", False),
+                fixed_text_length_key="max_text_seq_length", noise_drawing_schedulers=("CogVideoXDPMScheduler",),
+                default_pixel_size=(480, 720),
                 default_num_frames=49, default_fps=8, vae_temporal_factor_key="temporal_compression_ratio",
                 refused_transformer_config={
                     "patch_size_t": "CogVideoX 1.5's temporal patch: the pipeline pads the latent frames to it, "
                                     "and PipeFusion's patches of token rows would cut through latent frames",
                     "use_learned_positional_embeddings": "learned positional embeddings, which fix the size "
-                                                         "(CogVideoX-5B image-to-video)"}),
+                                                         "(CogVideoX-5B image-to-video)"},
+                tiny_module="meshdit.models.tiny.cogvideox"),
     # HunyuanVideo text-to-video: guidance-distilled (the scale is embedded); the prompt (Llama, padded to
     # max_sequence_length) joins the video tokens in every attention. Defaults: HunyuanVideoPipeline.__call__'s,
     # fps its example's export_to_video.
@@ -167,7 +196,8 @@ FAMILIES = (
                 "meshdit.models.hunyuanvideo", packed=False, default_steps=50, default_guidance=6.0,
                 default_max_sequence_length=256, guidance_distilled="guidance_embeds", default_pixel_size=(720, 1280),
                 default_num_frames=129, default_fps=15, vae_temporal_factor_key="temporal_compression_ratio",
-                call_arguments=("prompt_template",)),
+                call_arguments=("prompt_template",),
+                tiny_module="meshdit.models.tiny.hunyuanvideo"),
     # HunyuanVideo 1.5 text-to-video: true CFG through the pipeline's guider; the text is always 1000 Qwen2.5-VL +
     # 256 ByT5 tokens (the pipeline's fixed lengths) + 729 image tokens, masked where padding, after the video
     # tokens in every attention. Size: the 16:9 bucket of the transformer's target_size (480p: 640, 720p: 960).
@@ -177,7 +207,8 @@ FAMILIES = (
                 default_pixel_size_by_config=("target_size", {640: (480, 848), 960: (720, 1280)}),
                 default_guidance_from_guider=True, default_num_frames=121, default_fps=15,
                 vae_temporal_factor_key="temporal_compression_ratio",
-                refused_transformer_config={"use_meanflow": "the MeanFlow super-resolution model's timestep_r"}),
+                refused_transformer_config={"use_meanflow": "the MeanFlow super-resolution model's timestep_r"},
+                tiny_module="meshdit.models.tiny.hunyuanvideo15"),
 )
 
 

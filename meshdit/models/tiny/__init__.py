@@ -1,0 +1,68 @@
+"""Each family's tiny random-weight pipelines, built in code (no downloads), for tests and benchmarks.
+
+A family's registry row names its tiny module (`ModelFamily.tiny_module`: `meshdit.models.tiny.<family>`), which
+holds, beside the family's plan and recipe in `meshdit.models.<family>`:
+
+- `BUILDERS`: {name: builder(seed=0) -> pipeline}. Each builder seeds torch, so the same call gives the same
+  weights in every process. Sizes are chosen so that the head count (4) allows Ulysses 4, while token counts at
+  the test resolutions do not all divide by the degrees.
+- `TESTS`: a `TinyTests` naming which of them the parametrised tests run.
+- `GUARD_CASES`: {case: GuardCase}, tests/test_diffusers_guard.py's degree-1 runs against the plain pipeline.
+
+`meshdit.testing.tiny_models` joins them over `FAMILIES` (`BUILDERS`, `tiny_pipeline(name)`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TinyTests:
+    """Which of a family's tiny pipelines (names in its BUILDERS) the parametrised tests run, and where."""
+
+    main: str
+    """The family's representative. Image families: every sequence-parallel layout and the parallel VAE
+    (tests/test_sequence_parallel.py), the CFG and data-parallel cases (tests/test_cfg_data_parallel.py). Video
+    families: every exact layout of tests/test_video.py (FAMILY_LAYOUTS) and the parallel VAE."""
+    four_blocks: str
+    """Four blocks, for up to four PipeFusion stages (tests/test_pipefusion.py; video: test_video's PipeFusion
+    layouts)."""
+    variants: tuple[str, ...] = ()
+    """Image families: other pipelines or variants of the family, run under Ring 2 x Ulysses 2."""
+    layouts: tuple[str, ...] | None = None
+    """Ids of the family test's layouts that apply (image: tests/test_cfg_data_parallel.CASES; video:
+    tests/test_video.FAMILY_LAYOUTS); None: every one; (): none there (a test file of its own covers them)."""
+    guidance: float | None = None
+    """The tests' guidance scale (FLUX.1: 3.0, true CFG); None: the model's default."""
+    prompt_embeds: tuple[int, int] | None = None
+    """(tokens, width) of random prompt embeddings, one row per prompt, for a tiny pipeline without a text encoder
+    (FLUX.2); None: the prompts are encoded."""
+    request_extra: dict[str, Any] = field(default_factory=dict)
+    """Recipe settings the tests' requests add (LTX: its 0.9.1 decode timestep and noise)."""
+    token_scale: int = 1
+    """Test sizes are written for tokens 4 pixels wide (image: VAE 2 x patch 2) or 16 (video: VAE 8 x patch 2);
+    a family whose tokens are wider multiplies them by this (HunyuanDiT: 4, LTX: 2), so every family sees the same
+    token grids."""
+
+
+@dataclass(frozen=True)
+class GuardCase:
+    """One degree-1 run of tests/test_diffusers_guard.py: meshdit's image must equal the pipeline's bit for bit."""
+
+    build: str
+    """The tiny pipeline (a name in BUILDERS)."""
+    call: dict[str, Any]
+    """The diffusers pipeline's __call__ arguments (besides size, steps and generator)."""
+    guidance: float | None
+    """meshdit's guidance_scale for the same run (None: the model's default)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """meshdit request extras (besides max_sequence_length, taken from `call`)."""
+    size: dict[str, int] = field(default_factory=dict)
+    """Overrides of GUARD_SIZE (height, width, num_inference_steps)."""
+
+
+GUARD_PROMPT = "a red cat on a blue square"
+GUARD_TEXT = 16
+"""max_sequence_length of the guard's runs, kept small for speed."""
+GUARD_SIZE = dict(height=64, width=48, num_inference_steps=2)

@@ -1,0 +1,38 @@
+"""Stable Diffusion 3 and 3.5's tiny pipelines."""
+from __future__ import annotations
+
+import torch
+
+from . import GUARD_PROMPT, GUARD_TEXT, GuardCase, TinyTests
+from .parts import clip_text_model, clip_tokenizer, t5_text_model, t5_tokenizer, tiny_vae
+
+
+def tiny_sd3_pipeline(seed: int = 0, sd35: bool = True, layers: int = 2):
+    """SD3 (sd35=False) or SD3.5-shaped: dual attention layers and RMS qk-norm."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+
+    torch.manual_seed(seed)
+    transformer = SD3Transformer2DModel(
+        sample_size=16, patch_size=2, in_channels=4, num_layers=layers, attention_head_dim=8, num_attention_heads=4,
+        joint_attention_dim=32, caption_projection_dim=32, pooled_projection_dim=32, out_channels=4,
+        pos_embed_max_size=32, dual_attention_layers=(0,) if sd35 else (), qk_norm="rms_norm" if sd35 else None,
+    ).eval()
+    return StableDiffusion3Pipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=tiny_vae(),
+        text_encoder=clip_text_model(with_projection=True), tokenizer=clip_tokenizer(),
+        text_encoder_2=clip_text_model(with_projection=True), tokenizer_2=clip_tokenizer(),
+        text_encoder_3=t5_text_model(32), tokenizer_3=t5_tokenizer(), transformer=transformer,
+    )
+
+
+BUILDERS = {
+    "sd3": lambda seed=0: tiny_sd3_pipeline(seed, sd35=False),
+    "sd35": tiny_sd3_pipeline,
+    "sd35-4blocks": lambda seed=0: tiny_sd3_pipeline(seed, layers=4),
+    "sd3-4blocks": lambda seed=0: tiny_sd3_pipeline(seed, sd35=False, layers=4),
+}
+TESTS = TinyTests(main="sd35", four_blocks="sd35-4blocks", variants=("sd3",))
+GUARD_CASES = {
+    name: GuardCase(name, dict(prompt=GUARD_PROMPT, guidance_scale=5.0, max_sequence_length=GUARD_TEXT), 5.0)
+    for name in ("sd3", "sd35")
+}
