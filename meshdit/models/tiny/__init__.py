@@ -44,6 +44,9 @@ class TinyTests:
     """Test sizes are written for tokens 4 pixels wide (image: VAE 2 x patch 2) or 16 (video: VAE 8 x patch 2);
     a family whose tokens are wider multiplies them by this (HunyuanDiT: 4, LTX: 2), so every family sees the same
     token grids."""
+    unscaled: tuple[str, ...] = ()
+    """Builds of the family whose tokens are 4 (image) or 16 (video) pixels wide after all, so token_scale skips
+    them (HunyuanDiT's VAE-factor-2 build)."""
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,8 @@ BUILDERS = {
                                                                        vae_levels=2),
 }
 # its DDPM draws noise in every step: data parallelism is refused, so only the CFG cases; tokens 16 px wide
-TESTS = TinyTests(main="hunyuandit", four_blocks="hunyuandit-4blocks", layouts=("cfg2", "cfg2-u2"), token_scale=4)
+TESTS = TinyTests(main="hunyuandit", four_blocks="hunyuandit-4blocks", layouts=("cfg2", "cfg2-u2"), token_scale=4,
+                  unscaled=("hunyuandit-vae2-4blocks",))
 GUARD_CASES = {
     "hunyuandit": GuardCase("hunyuandit", dict(prompt=GUARD_PROMPT, guidance_scale=5.0, use_resolution_binning=False),
                             5.0),
