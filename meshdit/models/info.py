@@ -138,9 +138,24 @@ class ModelInfo:
             raise ConfigError(f"--max-sequence-length {tokens} exceeds what this {self.pipeline_class}'s text encoder "
                               f"takes ({limit} tokens): use --max-sequence-length <= {limit}.")
         self.check_frames_and_image(request)
+        self.check_cache(config, request)
         self.check(config, request.height, request.width, request.guidance_scale,
                    num_images or len(request.prompts) * request.num_images_per_prompt, request.patches(config),
                    request.num_frames)
+
+    def check_cache(self, config: ParallelConfig, request: GenerateRequest) -> None:
+        """--cache against this transformer's blocks and the layout (docs/caching.md)."""
+        from ..cache import transformer_block_count
+
+        if not request.cache.enabled:
+            return
+        if config.pipefusion_parallel_degree > 1:
+            raise ConfigError("--cache does not run with PipeFusion yet (its stages hold different blocks, so the "
+                              "skip decision would need the stage that computes the front blocks): drop --cache, "
+                              "or use --ulysses-degree / --ring-degree / --use-cfg-parallel / --data-parallel-degree.")
+        blocks = transformer_block_count(self.transformer_config)
+        if blocks is not None:
+            request.cache.check_blocks(blocks)
 
     def check_frames_and_image(self, request: GenerateRequest) -> None:
         """--num-frames, --fps and --image against what the pipeline makes (images, videos, from an image)."""

@@ -26,6 +26,7 @@ def parallelize(pipe, plan: ModelPlan, mesh: ParallelMesh | SingleProcessMesh, f
     from ..quant import runtime
 
     done = Parallelized(mesh)
+    done.stage_plan = plan.stages  # step cache (meshdit/cache): hooks these block lists per request
     config = mesh.config
     if fp8 is not None:  # the CLI checked it before ranks started; an API caller learns here
         fp8.validate(config.pipefusion_parallel_degree)
