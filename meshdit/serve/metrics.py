@@ -20,6 +20,10 @@ class Metrics:
         self.request_seconds = Histogram("meshdit_request_seconds", "Seconds from submission to the job's end",
                                          buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
                                          registry=self.registry)
+        self.cached_steps = Counter("meshdit_cached_steps", "Denoising steps of finished jobs whose middle "
+                                    "transformer blocks the step cache skipped", registry=self.registry)
+        self.computed_steps = Counter("meshdit_computed_steps", "Denoising steps of finished jobs with a step "
+                                      "cache that ran every block", registry=self.registry)
         self.batch_images = Histogram("meshdit_batch_images", "Images per batch run on the mesh",
                                       buckets=(1, 2, 4, 8, 16, 32), registry=self.registry)
 

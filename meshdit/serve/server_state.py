@@ -108,11 +108,16 @@ class ServerState:
                                                 "(no classifier-free guidance): remove it")
         extra = {} if s.max_sequence_length is None else {"max_sequence_length": s.max_sequence_length}
         steps = body.steps or s.steps
+        cache = self._cache_settings(body)
         request = GenerateRequest(prompt=body.prompt, negative_prompt=body.negative_prompt, height=height,
                                   width=width, num_inference_steps=steps, guidance_scale=scale, seed=body.seed,
                                   num_images_per_prompt=body.n, warmup_steps=s.warmup_steps,
                                   num_pipeline_patch=s.num_pipeline_patch,
-                                  kv_drift_correction=s.kv_drift_correction, extra=extra)
+                                  kv_drift_correction=s.kv_drift_correction, cache=cache, extra=extra)
+        try:
+            self.info.check_cache(s.config, request)
+        except ConfigError as exc:
+            raise BadRequest("cache", f"cache: {exc}") from None
         try:
             self.info.check(s.config, height, width, scale, body.n, request.patches(s.config))
         except ConfigError as exc:
@@ -121,10 +126,25 @@ class ServerState:
         self._check_prompt_length("prompt", body.prompt)
         if body.negative_prompt:
             self._check_prompt_length("negative_prompt", body.negative_prompt)
-        key = (height, width, steps, scale, body.negative_prompt is None)
+        key = (height, width, steps, scale, body.negative_prompt is None, cache)  # other caches: other batches
         if self.info.draws_noise_each_step:  # each request keeps its own generator: it never shares a batch
             key += (id(request),)
         return Job(request, key, body.n, steps)
+
+    @staticmethod
+    def _cache_settings(body: ImageRequest):
+        """The body's `cache` as CacheSettings, checked (the messages name the CLI flags of the fields)."""
+        from ..cache import CacheSettings
+
+        if body.cache is None:
+            return CacheSettings()
+        values = body.cache.model_dump()
+        settings = CacheSettings(**dict(values, compute_steps=tuple(values["compute_steps"])))
+        try:
+            settings.validate()
+        except ConfigError as exc:
+            raise BadRequest("cache", f"cache: {exc}") from None
+        return settings
 
     def _check_prompt_length(self, param: str, text: str) -> None:
         """Refuses what the text encoders would silently cut off."""
@@ -168,6 +188,10 @@ class ServerState:
             if job.state == "running":
                 job.pngs = [png_bytes(image) for image in result.images]
                 job.step = job.steps
+                if result.cache is not None:
+                    job.cached_steps = result.cache.cached_steps()
+                    self.metrics.cached_steps.inc(job.cached_steps)
+                    self.metrics.computed_steps.inc(job.steps - job.cached_steps)
                 self._end(job, "done")
 
     def stopped(self, batch: list[Job], step: int) -> None:
