@@ -14,8 +14,8 @@ METHODS = ("fbcache", "dbcache")
 
 # Each method's defaults for the options a request leaves unset (docs/caching.md, "Presets").
 PRESETS = {
-    "fbcache": dict(threshold=0.08, front_blocks=1, back_blocks=0, warmup=1, max_cached=3),
-    "dbcache": dict(threshold=0.08, front_blocks=2, back_blocks=1, warmup=2, max_cached=3),
+    "fbcache": dict(threshold=0.12, front_blocks=1, back_blocks=0, warmup=2, max_cached=3),
+    "dbcache": dict(threshold=0.15, front_blocks=2, back_blocks=1, warmup=2, max_cached=3),
 }
 
 
@@ -36,7 +36,7 @@ class CacheSettings:
         None, flag="cache-threshold", type=float, metavar="T",
         help="skip when the relative L1 change of the front blocks' residual since the last computed step is "
              "below T, >= 0; larger skips more and loses more; 0 never skips "
-             f"(default: {PRESETS['fbcache']['threshold']})")
+             f"(default: fbcache {PRESETS['fbcache']['threshold']}, dbcache {PRESETS['dbcache']['threshold']})")
     front_blocks: int | None = flagged(
         None, flag="cache-fn", type=int, metavar="F",
         help=f"DBCache: leading blocks that always run and give the change signal, >= 1 "
