@@ -18,9 +18,16 @@ class CacheReport:
     masks: dict = field(default_factory=dict)
 
     def computed_steps(self, images: range | None = None) -> int:
-        """Steps at which some branch of some of `images` (default: all) ran the middle blocks."""
+        """Steps that ran the middle blocks, averaged over the guidance branches and `images` (default: all),
+        rounded: the work done, in steps (branches that skip different steps each save their own calls)."""
         keys = [k for k in self.masks if images is None or k[1] in images]
-        return sum(1 for i in range(self.steps) if any(not self.masks[k][i] for k in keys)) if keys else self.steps
+        if not keys:
+            return self.steps
+        return round(sum(self.steps - sum(self.masks[k]) for k in keys) / len(keys))
+
+    def computed_calls(self) -> tuple[int, int]:
+        """(image-branch-steps that ran the middle blocks, all image-branch-steps)."""
+        return sum(self.steps - sum(m) for m in self.masks.values()), self.steps * len(self.masks)
 
     def cached_steps(self, images: range | None = None) -> int:
         return self.steps - self.computed_steps(images)
