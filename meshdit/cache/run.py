@@ -43,7 +43,8 @@ class CacheRun:
     def __init__(self, transformers, plan, settings: CacheSettings, mesh, branches: list[str], local: list[str],
                  steps: int) -> None:
         self.mesh, self.branches, self.local, self.steps = mesh, branches, local, steps
-        self.caches = [StepCache(t, plan, settings, mesh.group("sp")) for t in transformers]
+        stages = mesh.group("pp") if mesh.size("pp") > 1 else None
+        self.caches = [StepCache(t, plan, settings, mesh.group("sp"), stages) for t in transformers]
         self.report: CacheReport | None = None
 
     def wrap(self, on_step):

@@ -22,6 +22,8 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from ..distributed.comm import all_reduce, broadcast, group_rank, group_size
+from ..parallel.pipefusion import SkipBlock
 from ..parallel.plan import BlockList, StagePlan
 from .settings import CacheSettings
 from .signal import relative_change
@@ -60,9 +62,12 @@ class Slot:
 class StepCache:
     """The cache of one denoiser for one generation. `begin_step(i)` before each step; `remove()` after."""
 
-    def __init__(self, transformer: nn.Module, plan: StagePlan, settings: CacheSettings, group) -> None:
+    def __init__(self, transformer: nn.Module, plan: StagePlan, settings: CacheSettings, group,
+                 stage_group=None) -> None:
+        """group: the ranks that share one image's tokens (SP); stage_group: PipeFusion's pp group (None: no
+        PipeFusion), over which the stage that runs block F_n - 1 broadcasts its decision."""
         self.settings = settings.resolved()
-        self.group = group  # the ranks that share one image's tokens (SP); None: this process alone
+        self.group = group
         self.step = 0
         self.calls = 0
         self.slots: list[Slot] = []
@@ -75,14 +80,20 @@ class StepCache:
         if front + back >= n:
             raise ConfigError(f"--cache-fn {front} + --cache-bn {back} leave none of this transformer's {n} blocks "
                               f"to skip: use --cache-fn and --cache-bn that add up to at most {n - 1}.")
-        self._signatures = {id(b): inspect.signature(b.forward) for _, b, _ in blocks}
+        # a SkipBlock (another PipeFusion stage's block) binds arguments with the signature of the block it replaces
+        self._signatures = {id(b): getattr(b, "signature", None) or inspect.signature(b.forward) for _, b, _ in blocks}
         sig_spec, sig_block, sig_list_start = blocks[front - 1]
         self._sig_spec = sig_spec
+        self.stage_group = stage_group
+        self.decides = not isinstance(sig_block, SkipBlock)
+        self.decider = _decider_stage(self.decides, stage_group, next(transformer.parameters()).device)
         self._hook(transformer.register_forward_pre_hook(self._new_call))
         self._hook(blocks[sig_list_start][1].register_forward_pre_hook(self._keep_signal_input, with_kwargs=True))
         self._hook(sig_block.register_forward_hook(self._decide))
         self.segments: list[_Segment] = []
-        middle = blocks[front:n - back]
+        # PipeFusion: each stage's own middle blocks of a list form its segments (their input arrives at the
+        # stage's first block, after the stage's receive hook)
+        middle = [(s, b, i) for s, b, i in blocks[front:n - back] if not isinstance(b, SkipBlock)]
         for spec in plan.blocks:
             mine = [b for s, b, _ in middle if s is spec]
             if not mine:
@@ -117,13 +128,18 @@ class StepCache:
         slot, s, step = self.slot, self.settings, self.step
         residual = _outputs(self._sig_spec, output)[self._sig_spec.carry[0]] - slot.signal_input  # [B, S/sp, D]
         rows = residual.shape[0]
-        if slot.prev_signal is None:
+        if not slot.rows:
             slot.rows = rows
             slot.consecutive, slot.last_step, slot.computed = [0] * rows, [-1] * rows, [0] * rows
         forced = slot.prev_signal is None or step < s.warmup or step in s.compute_steps
-        change = None if forced else relative_change(residual, slot.prev_signal, self.group).tolist()  # [B]
-        cached = [not forced and change[r] < s.threshold and slot.consecutive[r] < s.max_cached
-                  for r in range(rows)]
+        cached = [False] * rows
+        if self.decides and not forced:
+            change = relative_change(residual, slot.prev_signal, self.group).tolist()  # [B]
+            cached = [change[r] < s.threshold and slot.consecutive[r] < s.max_cached for r in range(rows)]
+        if self.decider is not None:  # PipeFusion: the deciding stage's decision, on every stage
+            flags = torch.tensor(cached, dtype=torch.int32, device=residual.device)
+            cached = [bool(f) for f in broadcast(flags, self.decider, self.stage_group,
+                                                 "cache_decision_broadcast").tolist()]
         computed_rows = [r for r in range(rows) if not cached[r]]
         if slot.prev_signal is None:
             slot.prev_signal = residual.clone()
@@ -243,6 +259,15 @@ class _Restore:
 
     def remove(self) -> None:
         self.block.__dict__.pop("forward", None)
+
+
+def _decider_stage(decides: bool, stage_group, device: torch.device) -> int | None:
+    """The pp-group rank of the stage that runs block F_n - 1 (None without PipeFusion): one all-reduce (max)
+    over the stages, when the caches are installed."""
+    if group_size(stage_group) <= 1:
+        return None
+    rank = torch.tensor([group_rank(stage_group) if decides else -1], dtype=torch.int64, device=device)
+    return int(all_reduce(rank, stage_group, "cache_decider_all_reduce", op="max").item())
 
 
 def _list_starts(plan: StagePlan, modules: dict):

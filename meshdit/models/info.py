@@ -149,10 +149,13 @@ class ModelInfo:
 
         if not request.cache.enabled:
             return
-        if config.pipefusion_parallel_degree > 1:
-            raise ConfigError("--cache does not run with PipeFusion yet (its stages hold different blocks, so the "
-                              "skip decision would need the stage that computes the front blocks): drop --cache, "
-                              "or use --ulysses-degree / --ring-degree / --use-cfg-parallel / --data-parallel-degree.")
+        if config.pipefusion_parallel_degree > 1 and request.warmup_steps < request.num_inference_steps:
+            raise ConfigError(
+                f"--cache runs with PipeFusion only with full warmup (--warmup-steps >= --steps, here "
+                f"{request.warmup_steps} < {request.num_inference_steps}): after the warmup the patches of a step "
+                "pass the front blocks at different times, so no whole-image decision exists when the first patch "
+                "needs it (docs/caching.md). Use --warmup-steps "
+                f"{request.num_inference_steps}, or drop --cache.")
         blocks = transformer_block_count(self.transformer_config)
         if blocks is not None:
             request.cache.check_blocks(blocks)

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from meshdit.config import ParallelConfig
+from meshdit.testing.rank_pool import split_layout
 from tests.cache import cache_jobs
 
 PROMPTS = ["a red cat", "a blue dog"]
@@ -39,15 +40,16 @@ def check(results, ref_images, ref_masks):
         assert np.abs(images - ref_images).max() <= 1e-5 * np.abs(ref_images).max(), f"rank {rank}: images differ"
 
 
-LAYOUTS = [dict(ulysses_degree=2), dict(ring_degree=2), dict(cfg_degree=2), dict(data_parallel_degree=2)]
+LAYOUTS = [dict(ulysses_degree=2), dict(ring_degree=2), dict(cfg_degree=2), dict(data_parallel_degree=2),
+           dict(pipefusion_parallel_degree=2, warmup_steps=cache_jobs.STEPS)]
 
 
-@pytest.mark.parametrize("degrees", LAYOUTS, ids=["u2", "r2", "cfg2", "dp2"])
+@pytest.mark.parametrize("degrees", LAYOUTS, ids=["u2", "r2", "cfg2", "dp2", "pf2-full-warmup"])
 @pytest.mark.parametrize("name", list(CACHES))
 def test_cached_layout_equals_cached_serial(run_ranks, name, degrees):
     ref_images, ref_masks = serial(name)
     assert_mixed(ref_masks)
-    results = run_ranks(ParallelConfig(**degrees).world_size, cache_jobs.generate_cached, name, degrees,
+    results = run_ranks(split_layout(degrees)[0].world_size, cache_jobs.generate_cached, name, degrees,
                         CACHES[name], PROMPTS)
     check(results, ref_images, ref_masks)
 

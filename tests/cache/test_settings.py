@@ -63,9 +63,12 @@ def test_model_aware_checks_run_with_the_model_checks():
     with pytest.raises(ConfigError, match=r"--cache-fn 2 \+ --cache-bn 2 leave none of this transformer's 4 blocks"):
         info.check_request(ParallelConfig(), GenerateRequest(
             height=32, width=32, cache=CacheSettings("dbcache", front_blocks=2, back_blocks=2)))
-    with pytest.raises(ConfigError, match="--cache does not run with PipeFusion"):
-        info.check_request(ParallelConfig(pipefusion_parallel_degree=2), GenerateRequest(
-            height=32, width=32, cache=CacheSettings("fbcache")))
+    pipefusion = ParallelConfig(pipefusion_parallel_degree=2)
+    with pytest.raises(ConfigError, match=r"--cache runs with PipeFusion only with full warmup.*--warmup-steps 4"):
+        info.check_request(pipefusion, GenerateRequest(height=32, width=32, num_inference_steps=4,
+                                                       cache=CacheSettings("fbcache")))
+    info.check_request(pipefusion, GenerateRequest(height=32, width=32, num_inference_steps=4, warmup_steps=4,
+                                                   cache=CacheSettings("fbcache")))
 
 
 def test_requests_with_different_cache_settings_never_share_a_batch():
