@@ -71,6 +71,9 @@ def run_generate(job: GenerateJob) -> None:
               f"{dist.get_world_size()} rank(s) ({device.type}): "
               f"{s['total']:.2f} s (prepare {s['prepare']:.2f}, denoise {s['denoise']:.2f}, "
               f"decode {s['decode']:.2f}; model load {load_s:.2f} s)")
+        if result.cache is not None:  # per guidance branch and image, averaged (docs/caching.md)
+            print(f"meshdit: step cache ({job.request.cache.method}): {result.cache.computed_steps()} of "
+                  f"{result.cache.steps} steps computed, {result.cache.cached_steps()} cached")
         for path in paths:
             print(f"meshdit: wrote {path}")
     if job.verbose:
