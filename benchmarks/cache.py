@@ -124,7 +124,8 @@ def main() -> None:
     from meshdit.testing.rank_pool import close_all_pools, get_pool
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS),
+                        help="none with --score: only the score")
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--tokens", type=int, default=4096, help="benchmark model's image tokens (a square)")
