@@ -86,7 +86,7 @@ class StepCache:
         self._sig_spec = sig_spec
         self.stage_group = stage_group
         self.decides = not isinstance(sig_block, SkipBlock)
-        self.decider = _decider_stage(self.decides, stage_group, next(transformer.parameters()).device)
+        self.decider = _decider_stage(self.decides, stage_group, transformer)
         self._hook(transformer.register_forward_pre_hook(self._new_call))
         self._hook(blocks[sig_list_start][1].register_forward_pre_hook(self._keep_signal_input, with_kwargs=True))
         self._hook(sig_block.register_forward_hook(self._decide))
@@ -261,11 +261,12 @@ class _Restore:
         self.block.__dict__.pop("forward", None)
 
 
-def _decider_stage(decides: bool, stage_group, device: torch.device) -> int | None:
+def _decider_stage(decides: bool, stage_group, transformer: nn.Module) -> int | None:
     """The pp-group rank of the stage that runs block F_n - 1 (None without PipeFusion): one all-reduce (max)
     over the stages, when the caches are installed."""
     if group_size(stage_group) <= 1:
         return None
+    device = next(transformer.parameters()).device
     rank = torch.tensor([group_rank(stage_group) if decides else -1], dtype=torch.int64, device=device)
     return int(all_reduce(rank, stage_group, "cache_decider_all_reduce", op="max").item())
 
