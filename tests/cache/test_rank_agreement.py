@@ -14,6 +14,7 @@ CACHES = {
     "sd35-4blocks": dict(method="dbcache", threshold=0.45, front_blocks=1, back_blocks=1, warmup=1, max_cached=2,
                          taylorseer=2),
     "pixart-sigma-4blocks": dict(method="fbcache", threshold=0.1, warmup=1, max_cached=2),
+    "wan-4blocks": dict(method="dbcache", threshold=0.1, front_blocks=1, back_blocks=1, warmup=1, max_cached=2),
 }
 _SERIAL: dict = {}
 
