@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from .errors import ConfigError
+from .cache.settings import CacheSettings
 from .flag_spec import flag_specs, flagged
 
 
@@ -197,6 +198,8 @@ class GenerateRequest:
     image: object = flagged(  # a path; the Python API may pass a PIL image
         None, flag="image", metavar="PATH",
         help="image-to-video models: the first frame to animate, an image file (default: none)")
+    cache: CacheSettings = field(default_factory=CacheSettings)
+    """Step caching (`--cache` and its options: meshdit/cache/settings.py); off by default."""
     extra: dict = field(default_factory=dict)
     """Extra keyword arguments for the pipeline family's recipe (e.g. max_sequence_length)."""
 
@@ -250,6 +253,9 @@ class GenerateRequest:
         for flag, value in (("--warmup-steps", self.warmup_steps), ("--num-pipeline-patch", self.num_pipeline_patch)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}: use {flag} 1 or more.")
+        if not isinstance(self.cache, CacheSettings):
+            raise ConfigError(f"cache must be a CacheSettings (meshdit.cache), got {self.cache!r}.")
+        self.cache.validate()
         if not isinstance(self.kv_drift_correction, bool):
             raise ConfigError(f"kv_drift_correction must be True or False, got {self.kv_drift_correction!r}.")
 

@@ -29,6 +29,7 @@ class GenerateResult:
     # [N, F, H, W, 3]) or PIL
     seconds: dict[str, float] = field(default_factory=dict)  # prepare / denoise / decode
     device: str = "cpu"  # where this rank ran it, e.g. "cuda:0"
+    cache: object = None  # meshdit.cache.run.CacheReport of this request's images (None: no --cache)
 
 
 def engine_device(mesh: ParallelMesh | None, device=None) -> torch.device:
@@ -139,6 +140,9 @@ class Engine:
         self._warn_unknown_words([p for r in requests for p in r.prompts])
         # The data-parallel split needs enough images in the whole batch, not in each request.
         total = sum(len(r.prompts) * r.num_images_per_prompt for r in requests)
+        if len({r.cache for r in requests}) > 1:
+            raise ConfigError("requests in one batch must share their step cache settings (--cache and its "
+                              "options): generate them in separate batches")
         if len({r.pipefusion_settings(self.mesh.config) for r in requests}) > 1:
             raise ConfigError("requests in one batch must share PipeFusion's --warmup-steps, --num-pipeline-patch "
                               "and --no-kv-drift-correction")
@@ -155,7 +159,7 @@ class Engine:
         state = parallel.share(self.recipe, concat_states(self.recipe, states))
         seconds["prepare"] = time.perf_counter() - start
         latents = parallel.denoise(self.recipe, state, requests[0], show_progress,
-                                   parallel.agreed(on_step, self.mesh.device))
+                                   parallel.agreed(on_step, self.mesh.device), total_images=sum(counts))
         seconds["denoise"] = time.perf_counter() - start - seconds["prepare"]
         reached("decoding")
         # [B, 3, H, W] in [-1, 1] on every rank of the image group; decode_latents runs only where the VAE does
@@ -166,7 +170,9 @@ class Engine:
         seconds["decode"] = time.perf_counter() - start - seconds["prepare"] - seconds["denoise"]
         seconds["total"] = time.perf_counter() - start
         offsets = np.cumsum([0] + counts)
-        return [GenerateResult(images[a:b], dict(seconds), str(self.mesh.device))
+        report = parallel.cache_report
+        return [GenerateResult(images[a:b], dict(seconds), str(self.mesh.device),
+                               None if report is None else report.of_images(range(a, b)))
                 for a, b in zip(offsets[:-1], offsets[1:])]
 
     def _warn_unknown_words(self, prompts: list[str]) -> None:

@@ -133,6 +133,36 @@ def add_request_flags(parser, skip: tuple[str, ...] = (),
          help="a pipeline __call__ argument without a flag of its own, its value in JSON, repeatable; "
               "the family's keys only (HunyuanVideo: prompt_template, LTX: decode_timestep, decode_noise_scale), "
               "e.g. --extra 'prompt_template={\"template\": \"{}\", \"crop_start\": 0}' (default: none)")
+    add_cache_flags(parser)  # GenerateRequest.cache: its own group
+
+
+def add_cache_flags(parser) -> None:
+    """Step caching (CacheSettings' fields), and xDiT's switches for it."""
+    from .cache.settings import CacheSettings
+
+    group = parser.add_argument_group("step cache (lossy; docs/caching.md)")
+    add_settings_flags(group, CacheSettings)
+    flag(group, "use-fbcache", action="store_true",
+         help="xDiT's spelling of --cache fbcache (default: off)")
+    flag(group, "use-teacache", action="store_true",
+         help="xDiT's TeaCache switch: refused, meshdit has no TeaCache (it needs per-model coefficients); use "
+              "--cache fbcache, the nearest equivalent, or --cache dbcache (default: off)")
+
+
+def cache_from_args(args) -> "CacheSettings":  # noqa: F821 - lazy name
+    """The request's cache settings as the flags give them; --use-teacache is refused here, naming what to use."""
+    from .cache.settings import CacheSettings
+    from .errors import ConfigError
+
+    if getattr(args, "use_teacache", False):
+        raise ConfigError("--use-teacache: meshdit has no TeaCache (it needs coefficients fitted per model); use "
+                          "--cache fbcache (First-Block Cache, the nearest equivalent) or --cache dbcache.")
+    values = {}
+    if getattr(args, "use_fbcache", False):
+        if args.cache not in (None, "fbcache"):
+            raise ConfigError(f"--use-fbcache and --cache {args.cache} ask for two caches: keep one of them.")
+        values["method"] = "fbcache"
+    return settings_from_args(CacheSettings, args, **values)
 
 
 def add_output_flags(parser) -> None:
@@ -154,7 +184,7 @@ def request_from_args(args, prompts: list[str]) -> GenerateRequest:
     extra = parse_extra(getattr(args, "extra", None))
     if args.max_sequence_length is not None:
         extra["max_sequence_length"] = args.max_sequence_length
-    return settings_from_args(GenerateRequest, args, prompt=prompts, extra=extra)
+    return settings_from_args(GenerateRequest, args, prompt=prompts, extra=extra, cache=cache_from_args(args))
 
 
 def parse_extra(items: list[str] | None) -> dict:

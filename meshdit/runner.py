@@ -49,6 +49,9 @@ def run_generate(job: GenerateJob) -> None:
               f"steps, layout {settings.config.describe()}{fp8} on {dist.get_world_size()} rank(s) "
               f"({mesh.device.type}): {s['total']:.2f} s (prepare {s['prepare']:.2f}, denoise {s['denoise']:.2f}, "
               f"decode {s['decode']:.2f}; model load {ranked.load_seconds:.2f} s)")
+        if result.cache is not None:  # per guidance branch and image, averaged (docs/caching.md)
+            print(f"meshdit: step cache ({job.request.cache.method}): {result.cache.computed_steps()} of "
+                  f"{result.cache.steps} steps computed, {result.cache.cached_steps()} cached")
         for path in paths:
             print(f"meshdit: wrote {path}")
     if settings.verbose:

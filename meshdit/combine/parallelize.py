@@ -26,6 +26,8 @@ def parallelize(pipe, plan: ModelPlan, mesh: ParallelMesh | SingleProcessMesh, f
     computation is the exact one.
     """
     done = Parallelized(mesh)
+    done.stage_plan = plan.stages  # step cache (meshdit/cache): hooks these block lists per request
+    done.denoisers = denoisers(pipe)
     config = mesh.config
     if fp8 is not None:  # the CLI checked it before ranks started; an API caller learns here
         fp8.validate(config.pipefusion_parallel_degree)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..cache.run import cached_denoising
 from ..distributed.comm import all_reduce
 from ..denoising.loop import denoise
 from ..denoising.pipefusion_loop import pipefusion_denoise
@@ -26,19 +27,35 @@ class Parallelized:
     handles: list = field(default_factory=list)
     pipefusion: object = None  # parallel.pipefusion.PipeFusion when pp > 1
     sequence_state: object = None  # the sequence hooks' state (PipeFusion sets its patch window)
+    stage_plan: object = None  # the plan's StagePlan: the block lists a request's step cache hooks
+    denoisers: list = field(default_factory=list)  # the transformers the plan applies to (parallelize.denoisers)
+    cache_report: object = None  # meshdit.cache.run.CacheReport of the last denoise() whose request cached
 
     def share(self, recipe, state):
         return data.share(recipe, state, self.mesh)
 
-    def denoise(self, recipe, state, request, show_progress: bool = False, on_step=None) -> torch.Tensor:
+    def denoise(self, recipe, state, request, show_progress: bool = False, on_step=None,
+                total_images: int | None = None) -> torch.Tensor:
         """The final latents of this rank's share. NOTE: every rank of the mesh calls it with its share.
-        `request` gives PipeFusion's run-time settings (warmup steps, patches, drift correction)."""
+        `request` gives PipeFusion's run-time settings (warmup steps, patches, drift correction) and the step
+        cache's (`request.cache`; its report lands in `cache_report`); total_images: the batch's images over
+        the data-parallel ranks (default: this rank's)."""
+        total_images = state.batch_size if total_images is None else total_images
         cfg_group = self.mesh.group("cfg")
-        if self.pipefusion is None:
-            return denoise(recipe, state, cfg_group, show_progress, on_step)
-        return pipefusion_denoise(recipe, state, self.pipefusion, self.sequence_state, cfg_group,
-                                  request.warmup_steps, request.patches(self.mesh.config), show_progress, on_step,
-                                  kv_drift_correction=request.kv_drift_correction)
+        self.cache_report = None
+        # -- step cache (meshdit/cache): hooks for this generation only, when the request asks for one --
+        with cached_denoising(self, recipe, state, request.cache, cfg_group) as cache:
+            if cache is not None:
+                on_step = cache.wrap(on_step)
+            if self.pipefusion is None:
+                latents = denoise(recipe, state, cfg_group, show_progress, on_step)
+            else:
+                latents = pipefusion_denoise(recipe, state, self.pipefusion, self.sequence_state, cfg_group,
+                                             request.warmup_steps, request.patches(self.mesh.config), show_progress,
+                                             on_step, kv_drift_correction=request.kv_drift_correction)
+            if cache is not None:
+                self.cache_report = cache.finish(state.batch_size, total_images)
+        return latents
 
     def decode(self, vae, vae_input, settings, device, **vae_kwargs) -> torch.Tensor:
         """The decoded images [B, 3, H, W] (videos [B, 3, F, H, W]) on every rank of the image group (ranks that

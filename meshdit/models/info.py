@@ -141,6 +141,7 @@ class ModelInfo:
                               f"takes ({limit} tokens): use --max-sequence-length <= {limit}.")
         self.check_call_arguments(request)
         self.check_frames_and_image(request)
+        self.check_cache(config, request)
         self.check(config, request.height, request.width, request.guidance_scale,
                    num_images or len(request.prompts) * request.num_images_per_prompt, request.patches(config),
                    request.num_frames)
@@ -155,6 +156,23 @@ class ModelInfo:
                 raise ConfigError(f"--extra {key}: meshdit does not pass {key!r} to this {self.pipeline_class} "
                                   f"(the --extra keys it takes: {takes}); drop it, or use the flag for it "
                                   "(meshdit generate --help).")
+
+    def check_cache(self, config: ParallelConfig, request: GenerateRequest) -> None:
+        """--cache against this transformer's blocks and the layout (docs/caching.md)."""
+        from ..cache.settings import transformer_block_count
+
+        if not request.cache.enabled:
+            return
+        if config.pipefusion_parallel_degree > 1 and request.warmup_steps < request.num_inference_steps:
+            raise ConfigError(
+                f"--cache runs with PipeFusion only with full warmup (--warmup-steps >= --steps, here "
+                f"{request.warmup_steps} < {request.num_inference_steps}): after the warmup the patches of a step "
+                "pass the front blocks at different times, so no whole-image decision exists when the first patch "
+                "needs it (docs/caching.md). Use --warmup-steps "
+                f"{request.num_inference_steps}, or drop --cache.")
+        blocks = transformer_block_count(self.transformer_config)
+        if blocks is not None:
+            request.cache.check_blocks(blocks)
 
     def check_frames_and_image(self, request: GenerateRequest) -> None:
         """--num-frames, --fps and --image against what the pipeline makes (images, videos, from an image)."""

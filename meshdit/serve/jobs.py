@@ -27,6 +27,7 @@ class Job:
     created: float = field(default_factory=time.time)
     state: str = "queued"  # queued -> running -> done (-> expired) | failed | cancelled
     step: int = 0
+    cached_steps: int | None = None  # with a step cache: steps whose middle blocks were skipped, once done
     error: str | None = None
     http_status: int = 200  # for a failed job: what the synchronous endpoint answers
     pngs: list = field(default_factory=list)
@@ -40,6 +41,8 @@ class Job:
     def public(self) -> dict:
         out = {"id": self.id, "object": "image.job", "status": self.state, "step": self.step, "steps": self.steps,
                "n": self.num_images, "created": int(self.created)}
+        if self.cached_steps is not None:
+            out["computed_steps"], out["cached_steps"] = self.steps - self.cached_steps, self.cached_steps
         if self.error:
             out["error"] = self.error
         return out

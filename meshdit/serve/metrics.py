@@ -29,6 +29,10 @@ class Metrics:
                                        "bytes: --result-store-mb)", ["reason"], registry=self.registry)
         for reason in ("age", "bytes"):
             self.results_expired.labels(reason)
+        self.cached_steps = Counter("meshdit_cached_steps", "Denoising steps of finished jobs whose middle "
+                                    "transformer blocks the step cache skipped", registry=self.registry)
+        self.computed_steps = Counter("meshdit_computed_steps", "Denoising steps of finished jobs with a step "
+                                      "cache that ran every block", registry=self.registry)
         self.batch_images = Histogram("meshdit_batch_images", "Images per batch run on the mesh",
                                       buckets=(1, 2, 4, 8, 16, 32), registry=self.registry)
 

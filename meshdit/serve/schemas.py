@@ -8,6 +8,21 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 MAX_PROMPT_CHARS = 2000  # longer prompts are refused before tokenizing; the tokenizer limit is checked after
 
 
+class CacheBody(BaseModel):
+    """The request's step cache: GenerateRequest.cache (meshdit.cache.CacheSettings), field for field."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Literal["fbcache", "dbcache"]
+    threshold: StrictFloat | StrictInt | None = None
+    front_blocks: StrictInt | None = None
+    back_blocks: StrictInt | None = None
+    warmup: StrictInt | None = None
+    max_cached: StrictInt | None = None
+    compute_steps: list[StrictInt] = Field(default_factory=list, max_length=1000)
+    taylorseer: Literal[1, 2] | None = None
+
+
 class ImageRequest(BaseModel):
     """POST /v1/images/generations and /v1/images/jobs."""
 
@@ -24,6 +39,7 @@ class ImageRequest(BaseModel):
     seed: StrictInt = Field(default=0, ge=0, le=2**63 - 1)
     guidance_scale: StrictFloat | StrictInt | None = Field(default=None, ge=0, le=100)
     negative_prompt: StrictStr | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
+    cache: CacheBody | None = None  # step caching (docs/caching.md); none: every block at every step
 
     def dimensions(self, default: tuple[int, int]) -> tuple[int, int]:
         """(height, width)."""

@@ -124,7 +124,13 @@ class ServerState:
         steps = body.steps or defaults.num_inference_steps
         request = dataclasses.replace(defaults, prompt=body.prompt, negative_prompt=body.negative_prompt,
                                       height=height, width=width, num_inference_steps=steps, guidance_scale=scale,
-                                      seed=body.seed, num_images_per_prompt=body.n, extra=dict(defaults.extra))
+                                      seed=body.seed, num_images_per_prompt=body.n, extra=dict(defaults.extra),
+                                      cache=self._cache_settings(body, defaults.cache))
+        cache = request.cache
+        try:
+            self.info.check_cache(s.config, request)
+        except ConfigError as exc:
+            raise BadRequest("cache", f"cache: {exc}") from None
         try:
             self.info.check(s.config, height, width, scale, body.n, request.patches(s.config))
         except ConfigError as exc:
@@ -133,10 +139,26 @@ class ServerState:
         self._check_prompt_length("prompt", body.prompt)
         if body.negative_prompt:
             self._check_prompt_length("negative_prompt", body.negative_prompt)
-        key = (height, width, steps, scale, body.negative_prompt is None)
+        key = (height, width, steps, scale, body.negative_prompt is None, cache)  # other caches: other batches
         if self.info.draws_noise_each_step:  # each request keeps its own generator: it never shares a batch
             key += (id(request),)
         return Job(request, key, body.n, steps)
+
+    @staticmethod
+    def _cache_settings(body: ImageRequest, default):
+        """The body's `cache` as CacheSettings, checked (the messages name the CLI flags of the fields); without
+        one, the server's (`meshdit serve --cache ...`, default: none)."""
+        from ..cache import CacheSettings
+
+        if body.cache is None:
+            return default
+        values = body.cache.model_dump()
+        settings = CacheSettings(**dict(values, compute_steps=tuple(values["compute_steps"])))
+        try:
+            settings.validate()
+        except ConfigError as exc:
+            raise BadRequest("cache", f"cache: {exc}") from None
+        return settings
 
     def _check_prompt_length(self, param: str, text: str) -> None:
         """Refuses what the text encoders would silently cut off."""
@@ -180,6 +202,10 @@ class ServerState:
             if job.state == "running":
                 job.pngs = [png_bytes(image) for image in result.images]
                 job.step = job.steps
+                if result.cache is not None:
+                    job.cached_steps = result.cache.cached_steps()
+                    self.metrics.cached_steps.inc(job.cached_steps)
+                    self.metrics.computed_steps.inc(job.steps - job.cached_steps)
                 self._end(job, "done")
                 self.results.add(job)
 

@@ -160,7 +160,7 @@ def mesh_for(config, device=None):
     return _MESHES[key]
 
 
-PER_REQUEST = ("warmup_steps", "num_pipeline_patch", "kv_drift_correction")
+PER_REQUEST = ("warmup_steps", "num_pipeline_patch", "kv_drift_correction", "cache")
 """Layout dicts of the tests and benchmarks may name PipeFusion's run-time settings beside the degrees."""
 
 
