@@ -1,4 +1,4 @@
-"""docs/video.md's "Try video offline": its commands, exactly as written, run offline in under a minute each,
+"""The README's "Video, offline" (and docs/video.md's "Try video offline"): its commands, exactly as written, run offline in under a minute each,
 and Wan's default size on the tiny model is a pre-flight ConfigError naming the size rule."""
 import os
 import re
@@ -13,10 +13,16 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def documented_commands() -> list[str]:
-    text = open(os.path.join(ROOT, "docs", "video.md"), encoding="utf-8").read()
-    section = text.split("## Try video offline", 1)[1]
+def _commands(path: str, heading: str) -> list[str]:
+    section = open(os.path.join(ROOT, path), encoding="utf-8").read().split(heading, 1)[1]
     return re.search(r"```bash\n(.*?)```", section, re.S).group(1).strip().splitlines()
+
+
+def documented_commands() -> list[str]:
+    """The README's commands, which docs/video.md repeats word for word."""
+    commands = _commands("README.md", "### Video, offline")
+    assert commands == _commands(os.path.join("docs", "video.md"), "## Try video offline")
+    return commands
 
 
 def run(command: str, cwd, timeout=120):
