@@ -7,6 +7,8 @@ import textwrap
 
 import pytest
 
+from meshdit.logs import QUIET_ENV
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -15,6 +17,8 @@ def run_python(code, tmp_path, *argv, timeout=240):
     script.write_text(textwrap.dedent(code))
     # torchrun makes itself a torchelastic_* log folder under TMPDIR and leaves it: keep it in tmp_path
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1"}
+    for key in QUIET_ENV:  # an engine built earlier in this pytest process set them (quiet_libraries)
+        env.pop(key, None)
     return subprocess.run([sys.executable, *argv, str(script)], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=timeout)
 

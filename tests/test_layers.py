@@ -206,8 +206,8 @@ def _copy_package(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("file, added, layers", [
     # two of the reverse imports there were before combine/ existed
     ("quant/codec.py", "from ..attention.usp import WireCodecs", ("quant", "attention")),
-    ("parallel/sequence.py", "from meshdit.denoising.loop import denoise", ("parallel", "denoising, vae")),
-    ("denoising/loop.py", "    from meshdit.combine import parallelized\n", ("denoising, vae", "combine, loading")),
+    ("parallel/sequence.py", "from meshdit.denoising.loop import denoise", ("parallel", "denoising, vae, cache")),
+    ("denoising/loop.py", "    from meshdit.combine import parallelized\n", ("denoising, vae, cache", "combine, loading")),
 ], ids=["module-level-relative", "module-level-absolute", "function-level"])
 def test_a_reverse_import_is_reported(tmp_path, file, added, layers):
     copy = _copy_package(tmp_path)

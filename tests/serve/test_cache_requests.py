@@ -2,8 +2,9 @@
 vs cached steps, and the cached-step metric (ServerState and the queue, on a tiny model; no HTTP)."""
 import pytest
 
-from meshdit.config import ParallelConfig
+from meshdit.config import GenerateRequest
 from meshdit.engine import Engine
+from meshdit.engine_settings import EngineSettings
 from meshdit.serve.schemas import ImageRequest
 from meshdit.serve.server_state import BadRequest, ServerState, ServeSettings
 from meshdit.testing.tiny_models import tiny_pipeline
@@ -16,8 +17,9 @@ def served():
     pipe = tiny_pipeline("flux-4blocks")
     pipe.set_progress_bar_config(disable=True)
     engine = Engine(pipe)
-    state = ServerState(ServeSettings(model="tiny", config=ParallelConfig(), height=36, width=44, steps=6,
-                                      guidance_scale=None, max_sequence_length=8))
+    defaults = GenerateRequest(prompt="-", height=36, width=44, num_inference_steps=6,
+                               extra={"max_sequence_length": 8})
+    state = ServerState(ServeSettings(EngineSettings("tiny"), engine.resolve(defaults)))
     state.attach(engine)
     yield state, engine
     engine.close()

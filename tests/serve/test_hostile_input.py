@@ -134,7 +134,7 @@ def finish_next(state: ServerState, seed: int) -> list:
     """What the rank loop does with the next batch once the mesh ran it: real PNGs of 64x64 noise."""
     batch = state.queue.next_batch(timeout=10)
     images = [np.random.default_rng(seed + i).random((64, 64, 3)) for i in range(len(batch))]
-    state.finish(batch, [SimpleNamespace(images=[image]) for image in images])
+    state.finish(batch, [SimpleNamespace(images=[image], cache=None) for image in images])
     return batch
 
 
@@ -230,7 +230,7 @@ def test_while_draining_new_jobs_get_503_health_says_draining_and_finished_resul
     health = httpx.get(f"{base}/health")
     assert health.status_code == 503 and health.json()["status"] == "draining"
     state.drain()
-    state.finish([running], [SimpleNamespace(images=[np.zeros((64, 64, 3))])])
+    state.finish([running], [SimpleNamespace(images=[np.zeros((64, 64, 3))], cache=None)])
     assert not state.may_stop()  # its image was not fetched yet
     assert httpx.get(f"{base}/v1/images/jobs/{job_id}/content").status_code == 200
     assert state.may_stop()
@@ -239,7 +239,7 @@ def test_while_draining_new_jobs_get_503_health_says_draining_and_finished_resul
     late = Job(GenerateRequest(prompt="a red circle"), (), 1, 4)
     state.queue.jobs[late.id] = late
     late.state = "running"
-    state.finish([late], [SimpleNamespace(images=[np.zeros((64, 64, 3))])])
+    state.finish([late], [SimpleNamespace(images=[np.zeros((64, 64, 3))], cache=None)])
     assert not state.may_stop()
     time.sleep(0.4)
     assert state.may_stop()
