@@ -110,6 +110,12 @@ ROW = "row"
 out, MLP-out); its bias is added once, after the all-reduce."""
 
 
+GATHERED = "gathered"
+"""TensorPlan style: the Linear's output features are split over the tp ranks and all-gathered after it, for a
+per-sample projection whose whole output every rank needs (adaLN modulation [B, 6D]: a few kilobytes per block,
+against the megabytes of a row-parallel all-reduce of [B, S, D]), so its weight is not held whole on every rank."""
+
+
 @dataclass(frozen=True)
 class Packed:
     """TensorPlan style of a fused Linear whose split dimension concatenates several projections (FLUX.1's single
@@ -123,7 +129,8 @@ class Packed:
 
 @dataclass(frozen=True)
 class TensorPlan:
-    """Tensor parallelism: glob over Linear paths inside the stage plan's block lists -> COLUMN, ROW or Packed.
+    """Tensor parallelism: glob over Linear paths inside the stage plan's block lists -> COLUMN, ROW, GATHERED or
+    Packed.
 
     Attention heads split over the tp ranks by whole heads (uneven where they must be: a rank may hold one head
     more); a column split of a Linear inside an attention module keeps whole heads, and any width divisible by the
@@ -132,6 +139,9 @@ class TensorPlan:
     carries diffusers' `_tp_plan` need none: parallel/tensor.py reads that."""
 
     styles: dict[str, str | Packed] = field(default_factory=dict)
+    gathered: tuple[str, ...] = ()
+    """Globs of GATHERED Linears added to a plan read from the model's `_tp_plan` (which leaves the modulation
+    whole on every rank)."""
 
 
 @dataclass(frozen=True)

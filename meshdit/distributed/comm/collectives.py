@@ -149,6 +149,21 @@ def all_reduce(x: torch.Tensor, group: dist.ProcessGroup | None, kind: str, op: 
     return x
 
 
+def tensor_parallel_all_reduce(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Tensor parallelism's partial sums of a row-parallel Linear [B, S, D], summed in place over the tp group.
+
+    Counted as `tensor_parallel_all_reduce`: 2 (ranks - 1) / ranks times the tensor's bytes, a ring all-reduce's
+    traffic (docs/tensor-parallel.md gives the per-step formula)."""
+    world = group_size(group)
+    if world == 1:
+        return x
+    numel = x.numel() * 2 * (world - 1) // world
+    comm_stats.add("tensor_parallel_all_reduce", numel * x.element_size(), numel)
+    with timeline.span("tensor_parallel_all_reduce"):
+        dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group)
+    return x
+
+
 def broadcast(x: torch.Tensor, src: int, group: dist.ProcessGroup | None, kind: str) -> torch.Tensor:
     """x of group rank `src` written into x on every rank (same shape everywhere); returns x."""
     world = group_size(group)

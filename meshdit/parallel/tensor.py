@@ -1,0 +1,206 @@
+"""Tensor parallelism applied to an unmodified diffusers transformer: each block's Linears split over the tp ranks.
+
+Column-parallel Linears (Q/K/V, MLP-in) keep their share of the output features, row-parallel ones (attention
+out, MLP-out) their share of the input features; a row-parallel Linear's partial output is summed over the tp
+group (comm.tensor_parallel_all_reduce) and its bias added once, after the sum. Attention heads are split by
+whole heads, unevenly where the count does not divide (heads [2, 1] for 3 heads over 2 ranks), and each
+attention module's `heads` is set to its local count, so the diffusers processor attends over the local heads
+with torch's SDPA (or, under Ulysses, the all-to-all runs over the local heads).
+
+Which Linears: the family's TensorPlan, else the transformer's own diffusers `_tp_plan` (read here, so the two
+name the same layers: tests/test_diffusers_guard.py). Only the blocks of the stage plan's block lists are split;
+embeddings, modulation and the final projection stay whole on every rank.
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..distributed.comm import all_gather_uneven, group_rank, group_size, split_sizes, tensor_parallel_all_reduce
+from ..errors import ConfigError
+from .plan import COLUMN, GATHERED, ROW, Packed, StagePlan, TensorPlan
+
+_DIFFUSERS_STYLES = {"colwise": COLUMN, "rowwise": ROW}
+
+
+def plan_from_model(transformer: nn.Module) -> TensorPlan | None:
+    """The transformer's diffusers `_tp_plan` in meshdit's words (None if its class has none)."""
+    tp_plan = getattr(type(transformer), "_tp_plan", None)
+    if not tp_plan:
+        return None
+    styles = {}
+    for pattern, style in tp_plan.items():
+        if isinstance(style, str):
+            styles[pattern] = _DIFFUSERS_STYLES[style]
+        else:  # diffusers' PackedColwiseParallel / PackedRowwiseParallel
+            packed_style = COLUMN if "Colwise" in type(style).__name__ else ROW
+            blocks = getattr(style, "blocks", None)
+            styles[pattern] = Packed(packed_style, tuple(blocks) if blocks else None)
+    return TensorPlan(styles)
+
+
+def tensor_plan_for(transformer: nn.Module, family_plan: TensorPlan | None) -> TensorPlan | None:
+    """The family's plan when it has Linear styles of its own; else the model's `_tp_plan` with the family's
+    GATHERED globs (the modulation) added."""
+    if family_plan is not None and family_plan.styles:
+        return family_plan
+    model_plan = plan_from_model(transformer)
+    if model_plan is None:
+        return None
+    extra = {glob: GATHERED for glob in (family_plan.gathered if family_plan is not None else ())}
+    return TensorPlan({**model_plan.styles, **extra})
+
+
+def head_split(heads: int, ranks: int) -> list[int]:
+    """Whole heads per tp rank: the first heads % ranks ranks hold one more."""
+    return split_sizes(heads, ranks)
+
+
+def part_sizes(size: int, heads: int, ranks: int) -> list[int]:
+    """How a dimension of `size` features is split over the ranks: in proportion to each rank's heads when
+    `size` divides by the head count (Q/K/V by whole heads; an MLP of width k x heads alike), else evenly.
+    Producer and consumer of a feature dimension apply the same rule to the same size, so they agree."""
+    if size % heads == 0:
+        return [h * (size // heads) for h in head_split(heads, ranks)]
+    return split_sizes(size, ranks)
+
+
+def _block_sizes(total: int, blocks: tuple[int, ...] | None) -> list[int]:
+    if not blocks:
+        return [total]
+    unit, rest = divmod(total, sum(blocks))
+    if rest:
+        raise ConfigError(f"tensor plan: packed blocks {blocks} do not divide {total} features")
+    return [b * unit for b in blocks]
+
+
+def local_index(total: int, blocks: tuple[int, ...] | None, heads: int, ranks: int, rank: int) -> torch.Tensor:
+    """Indices of the features of a split dimension this rank keeps, block by block."""
+    pieces, offset = [], 0
+    for size in _block_sizes(total, blocks):
+        parts = part_sizes(size, heads, ranks)
+        start = offset + sum(parts[:rank])
+        pieces.append(torch.arange(start, start + parts[rank]))
+        offset += size
+    return torch.cat(pieces)
+
+
+@dataclass
+class TensorParallel:
+    """What apply_tensor_parallel did: the row-parallel Linears (path -> their bias, added after the sum)."""
+
+    group: object
+    ranks: int
+    rank: int
+    row_biases: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    gathered: dict[str, list[int]] = field(default_factory=dict)
+    """GATHERED Linear path -> every rank's output features."""
+    handles: list = field(default_factory=list)
+
+    def install_reduces(self, transformer: nn.Module) -> None:
+        """The all-reduce (and bias) after each row-parallel Linear and the all-gather after each GATHERED one,
+        on whatever module now sits at its path (an Fp8Linear made after the split included)."""
+        for path, bias in self.row_biases.items():
+            self.handles.append(transformer.get_submodule(path).register_forward_hook(self._reduce_hook(bias)))
+        for path, lens in self.gathered.items():
+            self.handles.append(transformer.get_submodule(path).register_forward_hook(self._gather_hook(lens)))
+
+    def _gather_hook(self, lens: list[int]):
+        group = self.group
+
+        def gather(_module, _args, out):  # out: [B, F/tp] -> [B, F]
+            return all_gather_uneven(out.contiguous(), -1, lens, group, kind="tensor_parallel_all_gather")
+
+        return gather
+
+    def _reduce_hook(self, bias):
+        group = self.group
+
+        def reduce(_module, _args, out):  # out: [B, S, D], this rank's partial sum
+            out = tensor_parallel_all_reduce(out, group)
+            return out if bias is None else out + bias
+
+        return reduce
+
+
+def resolve(transformer: nn.Module, plan: TensorPlan, stages: StagePlan) -> dict[str, str | Packed]:
+    """Linear path -> style, for every Linear of the block lists a pattern names (first pattern wins)."""
+    roots = tuple(spec.path + "." for spec in stages.blocks)
+    found = {}
+    for path, module in transformer.named_modules():
+        if not path.startswith(roots) or not isinstance(module, nn.Linear):
+            continue
+        for pattern, style in plan.styles.items():
+            if fnmatch.fnmatchcase(path, pattern):
+                found[path] = style
+                break
+    return found
+
+
+def apply_tensor_parallel(transformer: nn.Module, plan: TensorPlan, stages: StagePlan, group) -> TensorParallel:
+    """Splits the named Linears' weights in place (a rank keeps only its shards) and sets each attention
+    module's local head count. Call `install_reduces` after any module swap (FP8) to add the all-reduces."""
+    ranks, rank = group_size(group), group_rank(group)
+    heads = int(transformer.config["num_attention_heads"])
+    if heads < ranks:
+        raise ConfigError(f"tensor parallel degree {ranks} exceeds the model's {heads} attention heads: use "
+                          f"--tensor-parallel-degree <= {heads}.")
+    done = TensorParallel(group, ranks, rank)
+    styles = resolve(transformer, plan, stages)
+    if not styles:
+        raise ConfigError(f"{type(transformer).__name__}: its tensor plan names no Linear of its blocks; "
+                          "drop --tensor-parallel-degree.")
+    for path, style in styles.items():
+        linear = transformer.get_submodule(path)
+        kind, blocks = (style.style, style.blocks) if isinstance(style, Packed) else (style, None)
+        attr = "_tp_packed_col_blocks" if kind == COLUMN else "_tp_packed_row_blocks"
+        if isinstance(style, Packed) and blocks is None:
+            blocks = tuple(getattr(linear, attr))
+        if kind in (COLUMN, GATHERED):
+            if kind == GATHERED:
+                done.gathered[path] = part_sizes(linear.out_features, heads, ranks)
+            keep = local_index(linear.out_features, blocks, heads, ranks, rank)
+            _shard_columns(linear, keep)
+        else:
+            keep = local_index(linear.in_features, blocks, heads, ranks, rank)
+            done.row_biases[path] = _shard_rows(linear, keep)
+    local_heads = head_split(heads, ranks)[rank]
+    for path in {p.rsplit(".", 1)[0] for p, s in styles.items() if _style(s) == COLUMN}:
+        owner = _attention_above(transformer, path)
+        if owner is not None:
+            owner.heads = local_heads
+    return done
+
+
+def _style(style) -> str:
+    return style.style if isinstance(style, Packed) else style
+
+
+def _attention_above(transformer: nn.Module, path: str):
+    """The diffusers attention module at `path` or above it (a Linear's parent, or to_out's grandparent)."""
+    while path:
+        module = transformer.get_submodule(path)
+        if hasattr(module, "processor") and hasattr(module, "heads"):
+            return module
+        path = path.rsplit(".", 1)[0] if "." in path else ""
+    return None
+
+
+def _shard_columns(linear: nn.Linear, keep: torch.Tensor) -> None:
+    # weight [out, in] -> [out_local, in]
+    linear.weight = nn.Parameter(linear.weight.detach()[keep].clone(), requires_grad=False)
+    if linear.bias is not None:
+        linear.bias = nn.Parameter(linear.bias.detach()[keep].clone(), requires_grad=False)
+    linear.out_features = len(keep)
+
+
+def _shard_rows(linear: nn.Linear, keep: torch.Tensor) -> torch.Tensor | None:
+    """weight [out, in] -> [out, in_local]; returns the bias (taken off the Linear: added once, after the sum)."""
+    linear.weight = nn.Parameter(linear.weight.detach()[:, keep].clone(), requires_grad=False)
+    linear.in_features = len(keep)
+    bias = None if linear.bias is None else linear.bias.detach().clone()
+    linear.bias = None
+    return bias
