@@ -26,6 +26,9 @@ class ModelFamily:
     Python API fill unset values alike without importing torch."""
     default_guidance: float
     default_max_sequence_length: int
+    tensor_parallel: bool = False
+    """Its transformer splits over --tensor-parallel-degree: its plan has a TensorPlan with Linear styles, or its
+    transformer class carries diffusers' `_tp_plan` (tests/parallel/test_tensor_parallel.py checks the two agree)."""
     max_sequence_length_by_pipeline: dict[str, int] = field(default_factory=dict)
     """Pipelines of the family whose default text length differs (PixArt-alpha: 120, Sigma: 300)."""
     max_sequence_length_limit: int | None = None
@@ -121,7 +124,8 @@ class ModelFamily:
 FAMILIES = (
     ModelFamily("flux", "FluxTransformer2DModel", ("FluxPipeline",), "meshdit.models.flux", packed=True,
                 default_steps=28, default_guidance=3.5, default_max_sequence_length=512,
-                max_sequence_length_limit=512, default_sample_size=128, guidance_distilled="guidance_embeds"),
+                max_sequence_length_limit=512, default_sample_size=128, guidance_distilled="guidance_embeds",
+                tensor_parallel=True),
     ModelFamily("flux2", "Flux2Transformer2DModel", ("Flux2Pipeline",), "meshdit.models.flux2", packed=True,
                 default_steps=50, default_guidance=4.0, default_max_sequence_length=512, default_sample_size=128,
                 guidance_distilled=True, call_arguments=("prompt_embeds",)),
@@ -130,7 +134,8 @@ FAMILIES = (
                 max_sequence_length_limit=512),
     ModelFamily("pixart", "PixArtTransformer2DModel", ("PixArtSigmaPipeline", "PixArtAlphaPipeline"),
                 "meshdit.models.pixart", packed=False, default_steps=20, default_guidance=4.5,
-                default_max_sequence_length=300, max_sequence_length_by_pipeline={"PixArtAlphaPipeline": 120}),
+                default_max_sequence_length=300, max_sequence_length_by_pipeline={"PixArtAlphaPipeline": 120},
+                tensor_parallel=True),
     ModelFamily("hunyuandit", "HunyuanDiT2DModel", ("HunyuanDiTPipeline",), "meshdit.models.hunyuandit",
                 packed=False, default_steps=50, default_guidance=5.0, default_max_sequence_length=256,
                 max_sequence_length_fixed=True),
@@ -196,3 +201,8 @@ def family_for_transformer(transformer_class: str) -> ModelFamily:
             return family
     supported = ", ".join(f.transformer_class for f in FAMILIES)
     raise ConfigError(f"meshdit has no plan for {transformer_class!r}; supported: {supported}.")
+
+
+def tensor_parallel_families() -> list[str]:
+    """The families --tensor-parallel-degree applies to."""
+    return [f.name for f in FAMILIES if f.tensor_parallel]

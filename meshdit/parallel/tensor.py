@@ -140,43 +140,103 @@ def resolve(transformer: nn.Module, plan: TensorPlan, stages: StagePlan) -> dict
     return found
 
 
-def apply_tensor_parallel(transformer: nn.Module, plan: TensorPlan, stages: StagePlan, group) -> TensorParallel:
-    """Splits the named Linears' weights in place (a rank keeps only its shards) and sets each attention
-    module's local head count. Call `install_reduces` after any module swap (FP8) to add the all-reduces."""
-    ranks, rank = group_size(group), group_rank(group)
+def _heads(transformer: nn.Module, ranks: int) -> int:
     heads = int(transformer.config["num_attention_heads"])
     if heads < ranks:
         raise ConfigError(f"tensor parallel degree {ranks} exceeds the model's {heads} attention heads: use "
                           f"--tensor-parallel-degree <= {heads}.")
-    done = TensorParallel(group, ranks, rank)
-    styles = resolve(transformer, plan, stages)
-    if not styles:
-        raise ConfigError(f"{type(transformer).__name__}: its tensor plan names no Linear of its blocks; "
-                          "drop --tensor-parallel-degree.")
-    for path, style in styles.items():
+    return heads
+
+
+@dataclass(frozen=True)
+class LinearShard:
+    """How one Linear splits: the style, and the features of its split dimension this rank keeps."""
+
+    style: str  # COLUMN, GATHERED or ROW
+    keep: torch.Tensor  # indices into out_features (COLUMN, GATHERED) or in_features (ROW)
+    lens: list[int]  # every rank's count of those features (GATHERED's all-gather)
+
+
+def linear_shards(transformer: nn.Module, plan: TensorPlan, stages: StagePlan, ranks: int,
+                  rank: int) -> dict[str, LinearShard]:
+    """Linear path -> its shard on this rank. Works on a meta skeleton (lean loading) as on loaded weights."""
+    heads = _heads(transformer, ranks)
+    shards = {}
+    for path, style in resolve(transformer, plan, stages).items():
         linear = transformer.get_submodule(path)
         kind, blocks = (style.style, style.blocks) if isinstance(style, Packed) else (style, None)
-        attr = "_tp_packed_col_blocks" if kind == COLUMN else "_tp_packed_row_blocks"
         if isinstance(style, Packed) and blocks is None:
-            blocks = tuple(getattr(linear, attr))
-        if kind in (COLUMN, GATHERED):
-            if kind == GATHERED:
-                done.gathered[path] = part_sizes(linear.out_features, heads, ranks)
-            keep = local_index(linear.out_features, blocks, heads, ranks, rank)
-            _shard_columns(linear, keep)
+            blocks = tuple(getattr(linear, "_tp_packed_col_blocks" if kind == COLUMN else "_tp_packed_row_blocks"))
+        total = linear.in_features if kind == ROW else linear.out_features
+        keep = local_index(total, blocks, heads, ranks, rank)
+        lens = [len(local_index(total, blocks, heads, ranks, r)) for r in range(ranks)]
+        shards[path] = LinearShard(kind, keep, lens)
+    return shards
+
+
+def parameter_shard(shards: dict[str, LinearShard], name: str) -> tuple[int, torch.Tensor] | None:
+    """(dim, kept indices) of parameter `name` (e.g. "...to_q.weight") on this rank; None: held whole (a row
+    Linear's bias, anything outside the plan)."""
+    path, _, leaf = name.rpartition(".")
+    shard = shards.get(path)
+    if shard is None or leaf not in ("weight", "bias"):
+        return None
+    if shard.style == ROW:
+        return (1, shard.keep) if leaf == "weight" else None
+    return 0, shard.keep
+
+
+class ShardWhileLoading:
+    """load_model's on_loaded: each split weight is cut to this rank's shard as it lands, so the rank never
+    holds a whole block's weights (what it materialises is a view of the shared mapping, or one tensor in
+    flight when streamed)."""
+
+    def __init__(self, plan: TensorPlan | None, stages: StagePlan, ranks: int, rank: int) -> None:
+        self.plan, self.stages, self.ranks, self.rank = plan, stages, ranks, rank
+        self.shards: dict[str, LinearShard] | None = None
+
+    def __call__(self, model: nn.Module, name: str) -> None:
+        if self.shards is None:  # the skeleton's Linears, before any of them is cut
+            plan = tensor_plan_for(model, self.plan)
+            self.shards = {} if plan is None else linear_shards(model, plan, self.stages, self.ranks, self.rank)
+        cut = parameter_shard(self.shards, name)
+        if cut is None:
+            return
+        path, _, leaf = name.rpartition(".")
+        module = model.get_submodule(path)
+        dim, keep = cut
+        whole = module._parameters[leaf]
+        if whole.device.type == "meta" or whole.shape[dim] == len(keep):
+            return
+        module._parameters[leaf] = nn.Parameter(whole.detach().index_select(dim, keep.to(whole.device)),
+                                                requires_grad=False)
+
+
+def apply_tensor_parallel(transformer: nn.Module, plan: TensorPlan, stages: StagePlan, group) -> TensorParallel:
+    """Splits the named Linears' weights in place (a rank keeps only its shards; weights lean loading already
+    cut are left as they are) and sets each attention module's local head count. Call `install_reduces` after
+    any module swap (FP8) to add the all-reduces."""
+    ranks, rank = group_size(group), group_rank(group)
+    heads = _heads(transformer, ranks)
+    done = TensorParallel(group, ranks, rank)
+    shards = linear_shards(transformer, plan, stages, ranks, rank)
+    if not shards:
+        raise ConfigError(f"{type(transformer).__name__}: its tensor plan names no Linear of its blocks; "
+                          "drop --tensor-parallel-degree.")
+    for path, shard in shards.items():
+        linear = transformer.get_submodule(path)
+        if shard.style == ROW:
+            done.row_biases[path] = _shard_rows(linear, shard.keep)
         else:
-            keep = local_index(linear.in_features, blocks, heads, ranks, rank)
-            done.row_biases[path] = _shard_rows(linear, keep)
+            if shard.style == GATHERED:
+                done.gathered[path] = shard.lens
+            _shard_columns(linear, shard.keep)
     local_heads = head_split(heads, ranks)[rank]
-    for path in {p.rsplit(".", 1)[0] for p, s in styles.items() if _style(s) == COLUMN}:
+    for path in {p.rsplit(".", 1)[0] for p, s in shards.items() if s.style == COLUMN}:
         owner = _attention_above(transformer, path)
         if owner is not None:
             owner.heads = local_heads
     return done
-
-
-def _style(style) -> str:
-    return style.style if isinstance(style, Packed) else style
 
 
 def _attention_above(transformer: nn.Module, path: str):
@@ -190,16 +250,18 @@ def _attention_above(transformer: nn.Module, path: str):
 
 
 def _shard_columns(linear: nn.Linear, keep: torch.Tensor) -> None:
-    # weight [out, in] -> [out_local, in]
-    linear.weight = nn.Parameter(linear.weight.detach()[keep].clone(), requires_grad=False)
-    if linear.bias is not None:
+    # weight [out, in] -> [out_local, in] (unless lean loading already cut it)
+    if linear.weight.shape[0] != len(keep):
+        linear.weight = nn.Parameter(linear.weight.detach()[keep].clone(), requires_grad=False)
+    if linear.bias is not None and linear.bias.shape[0] != len(keep):
         linear.bias = nn.Parameter(linear.bias.detach()[keep].clone(), requires_grad=False)
     linear.out_features = len(keep)
 
 
 def _shard_rows(linear: nn.Linear, keep: torch.Tensor) -> torch.Tensor | None:
     """weight [out, in] -> [out, in_local]; returns the bias (taken off the Linear: added once, after the sum)."""
-    linear.weight = nn.Parameter(linear.weight.detach()[:, keep].clone(), requires_grad=False)
+    if linear.weight.shape[1] != len(keep):
+        linear.weight = nn.Parameter(linear.weight.detach()[:, keep].clone(), requires_grad=False)
     linear.in_features = len(keep)
     bias = None if linear.bias is None else linear.bias.detach().clone()
     linear.bias = None
