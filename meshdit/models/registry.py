@@ -128,7 +128,8 @@ FAMILIES = (
                 tensor_parallel=True),
     ModelFamily("flux2", "Flux2Transformer2DModel", ("Flux2Pipeline",), "meshdit.models.flux2", packed=True,
                 default_steps=50, default_guidance=4.0, default_max_sequence_length=512, default_sample_size=128,
-                guidance_distilled=True, call_arguments=("prompt_embeds",)),
+                guidance_distilled=True, call_arguments=("prompt_embeds",),
+                tensor_parallel=True),
     ModelFamily("sd3", "SD3Transformer2DModel", ("StableDiffusion3Pipeline",), "meshdit.models.sd3", packed=False,
                 default_steps=28, default_guidance=7.0, default_max_sequence_length=256,
                 max_sequence_length_limit=512),
@@ -158,7 +159,7 @@ FAMILIES = (
     # fps is its examples' export_to_video fps.
     ModelFamily("cogvideox", "CogVideoXTransformer3DModel", ("CogVideoXPipeline",), "meshdit.models.cogvideox",
                 packed=False, default_steps=50, default_guidance=6.0, default_max_sequence_length=226,
-                max_sequence_length_fixed=("use_rotary_positional_embeddings", False), default_pixel_size=(480, 720),
+                tensor_parallel=True, max_sequence_length_fixed=("use_rotary_positional_embeddings", False), default_pixel_size=(480, 720),
                 default_num_frames=49, default_fps=8, vae_temporal_factor_key="temporal_compression_ratio",
                 refused_transformer_config={
                     "patch_size_t": "CogVideoX 1.5's temporal patch: the pipeline pads the latent frames to it, "

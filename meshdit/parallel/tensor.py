@@ -168,6 +168,11 @@ def linear_shards(transformer: nn.Module, plan: TensorPlan, stages: StagePlan, r
         if isinstance(style, Packed) and blocks is None:
             blocks = tuple(getattr(linear, "_tp_packed_col_blocks" if kind == COLUMN else "_tp_packed_row_blocks"))
         total = linear.in_features if kind == ROW else linear.out_features
+        if blocks and any(size % heads for size in _block_sizes(total, blocks)):
+            # a processor that cuts the fused output by the global ratio (FLUX.2) needs every part in proportion
+            raise ConfigError(f"{path}: its fused parts {_block_sizes(total, blocks)} do not divide by the model's "
+                              f"{heads} heads, so tensor parallelism cannot split them in proportion: drop "
+                              "--tensor-parallel-degree.")
         keep = local_index(total, blocks, heads, ranks, rank)
         lens = [len(local_index(total, blocks, heads, ranks, r)) for r in range(ranks)]
         shards[path] = LinearShard(kind, keep, lens)

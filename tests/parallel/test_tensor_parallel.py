@@ -32,7 +32,7 @@ def assert_no_whole_block(results, ref, bound=0.55):
             assert held <= bound * whole, f"rank {rank} block {i}: holds {held} of the block's {whole} bytes"
 
 
-@pytest.mark.parametrize("name", ["flux", "pixart-sigma"])
+@pytest.mark.parametrize("name", ["flux", "flux2", "pixart-sigma"])
 def test_tp2_equals_serial(run_ranks, name):
     results = run_ranks(2, tensor_jobs.run, name, dict(tensor_parallel_degree=2), *SIZE)
     assert_exact(results, reference(name))
@@ -78,3 +78,12 @@ def test_all_reduce_bytes_equal_the_formula(run_ranks, layout):
         reduces = 2 * config.num_layers + config.num_single_layers
         formula = reduces * batch * tokens * dim * 4 * 2 * (tp - 1) / tp
         assert abs(result[2] - formula) <= 0.1 * formula, (rank, result[2], formula)
+
+
+def test_tp2_video_equals_serial(run_ranks):
+    """CogVideoX (no _tp_plan: its family's TensorPlan, modulation gathered) at 9 frames of 3 x 5 tokens."""
+    from tests import video_jobs
+
+    ref = video_jobs.generate("cogvideox", {}, fresh=True)
+    results = run_ranks(2, video_jobs.generate, "cogvideox", dict(tensor_parallel_degree=2), fresh=True)
+    assert_exact(results, ref)
