@@ -215,6 +215,10 @@ class ShardWhileLoading:
             return
         module._parameters[leaf] = nn.Parameter(whole.detach().index_select(dim, keep.to(whole.device)),
                                                 requires_grad=False)
+        # PipeFusion balances stages by parameter counts (pipefusion.block_weight), on the skeleton while loading
+        # and on the loaded blocks later: the cut part still counts, so both cuts, on every tp rank, agree
+        cut_away = whole.numel() - module._parameters[leaf].numel()
+        module.stands_for_numel = getattr(module, "stands_for_numel", 0) + cut_away
 
 
 def apply_tensor_parallel(transformer: nn.Module, plan: TensorPlan, stages: StagePlan, group) -> TensorParallel:

@@ -29,12 +29,16 @@ def block_bytes(transformer, stages) -> list[int]:
     return sizes
 
 
-def run(name: str, degrees: dict, height: int, width: int, steps: int = 2, forward: bool = True):
-    """(transformer output at the first step or None, final image, tp all-reduce bytes of that forward, its token
-    count [txt + img] on this rank, bytes per block of the plan's block lists)."""
+def run(name: str, degrees: dict, height: int, width: int, steps: int = 2, forward: bool = True,
+        fp8_gemm: bool = False):
+    """(transformer output at the first step or None, final image, tp all-reduce bytes of that forward, bytes per
+    block of the plan's block lists). fp8_gemm: the blocks' Linears in FP8 (--fp8-gemm)."""
+    from meshdit.quant.settings import Fp8Config
+
     pipe = fresh_pipeline(name)
     config, settings = split_layout(degrees)
-    engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None)
+    engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None,
+                    fp8=Fp8Config(gemm=True) if fp8_gemm else None)
     try:
         req = engine.resolve(sp_jobs.request(name, height, width, steps=steps, **settings))
         out = tp_bytes = None

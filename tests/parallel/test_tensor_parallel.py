@@ -87,3 +87,17 @@ def test_tp2_video_equals_serial(run_ranks):
     ref = video_jobs.generate("cogvideox", {}, fresh=True)
     results = run_ranks(2, video_jobs.generate, "cogvideox", dict(tensor_parallel_degree=2), fresh=True)
     assert_exact(results, ref)
+
+
+def test_tp2_with_fp8_gemm_is_closer_to_serial_fp8_than_fp8_is_to_full_precision(run_ranks):
+    """--fp8-gemm under tp 2 quantizes the shards: a row-parallel shard's per-row scale covers its part of the
+    inputs, so the image is not serial FP8's bit for bit; its distance to serial FP8 must stay below FP8's own
+    distance to full precision."""
+    name = "flux"
+    exact = reference(name)[1]
+    serial_fp8 = tensor_jobs.run(name, {}, *SIZE, forward=False, fp8_gemm=True)[1]
+    results = run_ranks(2, tensor_jobs.run, name, dict(tensor_parallel_degree=2), *SIZE, forward=False, fp8_gemm=True)
+    fp8_error = float(np.abs(serial_fp8 - exact).max())
+    assert fp8_error > 0  # FP8 did run
+    for rank, result in enumerate(results):
+        assert float(np.abs(result[1] - serial_fp8).max()) < fp8_error, f"rank {rank}"

@@ -28,3 +28,13 @@ def test_each_tp_rank_loads_only_its_shards(run_ranks, flux_folder):
             assert np.prod(shape) < np.prod(serial_shapes[name]), f"rank {rank}: {name} is whole {shape}"
         tol = 1e-5 * float(np.abs(serial_image).max())
         assert float(np.abs(image - serial_image).max()) <= tol, f"rank {rank}: image differs"
+
+
+def test_lean_loading_under_tp2_x_pipefusion2(run_ranks, flux_folder):
+    """Each rank loads its stage's blocks, cut to its tp shards; all warm steps: serial's image."""
+    serial_image = tensor_jobs.lean_load(flux_folder, {}, ())[3]
+    layout = dict(tensor_parallel_degree=2, pipefusion_parallel_degree=2, warmup_steps=2)
+    for rank, (_, blocks, _, image) in enumerate(run_ranks(4, tensor_jobs.lean_load, flux_folder, layout, ())):
+        assert sum(b > 0 for b in blocks) == 2, f"rank {rank} holds blocks {blocks}"  # its stage's 2 of 4
+        tol = 1e-5 * float(np.abs(serial_image).max())
+        assert float(np.abs(image - serial_image).max()) <= tol, f"rank {rank}: image differs"
