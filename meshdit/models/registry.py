@@ -132,7 +132,7 @@ FAMILIES = (
                 tensor_parallel=True),
     ModelFamily("sd3", "SD3Transformer2DModel", ("StableDiffusion3Pipeline",), "meshdit.models.sd3", packed=False,
                 default_steps=28, default_guidance=7.0, default_max_sequence_length=256,
-                max_sequence_length_limit=512),
+                max_sequence_length_limit=512, tensor_parallel=True),
     ModelFamily("pixart", "PixArtTransformer2DModel", ("PixArtSigmaPipeline", "PixArtAlphaPipeline"),
                 "meshdit.models.pixart", packed=False, default_steps=20, default_guidance=4.5,
                 default_max_sequence_length=300, max_sequence_length_by_pipeline={"PixArtAlphaPipeline": 120},
