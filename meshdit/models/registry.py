@@ -139,7 +139,7 @@ FAMILIES = (
                 tensor_parallel=True),
     ModelFamily("hunyuandit", "HunyuanDiT2DModel", ("HunyuanDiTPipeline",), "meshdit.models.hunyuandit",
                 packed=False, default_steps=50, default_guidance=5.0, default_max_sequence_length=256,
-                max_sequence_length_fixed=True),
+                max_sequence_length_fixed=True, tensor_parallel=True),
     # Wan 2.1 / 2.2 (a WanPipeline with transformer_2 and boundary_ratio: two experts). UMT5 text goes in through
     # cross-attention only, so any text length works; defaults are WanPipeline.__call__'s and its examples' fps.
     ModelFamily("wan", "WanTransformer3DModel", ("WanPipeline", "WanImageToVideoPipeline"), "meshdit.models.wan",

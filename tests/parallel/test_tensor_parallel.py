@@ -39,6 +39,14 @@ def test_tp2_equals_serial(run_ranks, name):
     assert_no_whole_block(results, reference(name))
 
 
+def test_tp2_hunyuandit_equals_serial(run_ranks):
+    """Its long skips' skip_linear stays whole (it reads the whole LayerNorm of cat(x, skip)), so the blocks that
+    have one hold more than half; none is held whole."""
+    results = run_ranks(2, tensor_jobs.run, "hunyuandit", dict(tensor_parallel_degree=2), *SIZE)
+    assert_exact(results, reference("hunyuandit"))
+    assert_no_whole_block(results, reference("hunyuandit"), bound=0.75)
+
+
 def test_uneven_heads(run_ranks):
     """6 heads over 4 ranks: heads [2, 2, 1, 1], the MLP split in the same proportion; exact."""
     results = run_ranks(4, tensor_jobs.run, "flux-6heads", dict(tensor_parallel_degree=4), *SIZE)
