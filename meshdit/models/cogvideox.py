@@ -15,7 +15,8 @@ from diffusers.pipelines.cogvideo.pipeline_cogvideox import retrieve_timesteps
 
 from ..denoising.recipe import COND, UNCOND, DenoiseState
 from ..denoising.video import VideoRecipe
-from ..parallel.plan import COLUMN, GATHERED, ROW, BlockList, Gather, ModelPlan, SequencePlan, StagePlan, Split, TensorPlan
+from ..parallel.plan import (COLUMN, GATHERED, ROW, BlockList, Gather, ModelPlan, SequencePlan, StagePlan, Split,
+                             TensorPlan)
 
 # The patch embedding returns cat(text, video) tokens (positional table added) and the model slices them apart
 # before its blocks: both are sharded where the first block takes them, the rotary table (cos, sin), each

@@ -7,8 +7,8 @@ import torch
 from diffusers.models.embeddings import get_2d_rotary_pos_embed
 from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import get_resize_crop_region_for_grid
 
-from ..parallel.plan import (COLUMN, GATHERED, LOCAL, OUTPUT, ROW, BlockList, Gather, ModelPlan, StagePlan, SequencePlan,
-                             Split, TensorPlan)
+from ..parallel.plan import (COLUMN, GATHERED, LOCAL, OUTPUT, ROW, BlockList, Gather, ModelPlan, StagePlan,
+                             SequencePlan, Split, TensorPlan)
 from ..denoising.recipe import COND, UNCOND, DenoiseState, Recipe
 
 

@@ -144,7 +144,7 @@ FAMILIES = (
     # cross-attention only, so any text length works; defaults are WanPipeline.__call__'s and its examples' fps.
     ModelFamily("wan", "WanTransformer3DModel", ("WanPipeline", "WanImageToVideoPipeline"), "meshdit.models.wan",
                 packed=False, default_steps=50, default_guidance=5.0, default_max_sequence_length=512,
-                max_sequence_length_fixed="added_kv_proj_dim", default_pixel_size=(480, 832),
+                tensor_parallel=True, max_sequence_length_fixed="added_kv_proj_dim", default_pixel_size=(480, 832),
                 default_num_frames=81, default_fps=16, image_to_video_pipelines=("WanImageToVideoPipeline",),
                 refused_pipeline_config={"expand_timesteps": "Wan 2.2 TI2V's per-token timesteps"}),
     # LTX-Video text-to-video: T5 text through cross-attention (any length); the frame rate conditions the

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift, retrieve_timesteps
 
-from ..parallel.plan import (COLUMN, GATHERED, OUTPUT, ROW, BlockList, Gather, ModelPlan, StagePlan, SequencePlan, Split,
-                             TensorPlan)
+from ..parallel.plan import (COLUMN, GATHERED, OUTPUT, ROW, BlockList, Gather, ModelPlan, StagePlan, SequencePlan,
+                             Split, TensorPlan)
 from ..denoising.recipe import COND, UNCOND, DenoiseState, Recipe
 
 # The latent is patchified inside forward, so tokens are sharded at the outputs of the patch

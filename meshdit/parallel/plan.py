@@ -116,6 +116,12 @@ per-sample projection whose whole output every rank needs (adaLN modulation [B, 
 against the megabytes of a row-parallel all-reduce of [B, S, D]), so its weight is not held whole on every rank."""
 
 
+ACROSS_HEADS = "across-heads"
+"""TensorPlan style of an RMSNorm over a COLUMN-split feature dimension (Wan's Q/K norm over all heads,
+`rms_norm_across_heads`): its weight is split like the Linear before it, and the sum of squares is all-reduced over
+the tp ranks ([B, S, 1] per call), so every rank normalises by the whole vector's mean square."""
+
+
 @dataclass(frozen=True)
 class Packed:
     """TensorPlan style of a fused Linear whose split dimension concatenates several projections (FLUX.1's single
@@ -130,7 +136,7 @@ class Packed:
 @dataclass(frozen=True)
 class TensorPlan:
     """Tensor parallelism: glob over Linear paths inside the stage plan's block lists -> COLUMN, ROW, GATHERED or
-    Packed.
+    Packed (and RMSNorm paths -> ACROSS_HEADS).
 
     Attention heads split over the tp ranks by whole heads (uneven where they must be: a rank may hold one head
     more); a column split of a Linear inside an attention module keeps whole heads, and any width divisible by the

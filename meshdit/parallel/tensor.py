@@ -21,7 +21,7 @@ from torch import nn
 
 from ..distributed.comm import all_gather_uneven, group_rank, group_size, split_sizes, tensor_parallel_all_reduce
 from ..errors import ConfigError
-from .plan import COLUMN, GATHERED, ROW, Packed, StagePlan, TensorPlan
+from .plan import ACROSS_HEADS, COLUMN, GATHERED, ROW, Packed, StagePlan, TensorPlan
 
 _DIFFUSERS_STYLES = {"colwise": COLUMN, "rowwise": ROW}
 
@@ -98,6 +98,8 @@ class TensorParallel:
     row_biases: dict[str, torch.Tensor | None] = field(default_factory=dict)
     gathered: dict[str, list[int]] = field(default_factory=dict)
     """GATHERED Linear path -> every rank's output features."""
+    norms: dict[str, int] = field(default_factory=dict)
+    """ACROSS_HEADS RMSNorm path -> the whole width it normalises over."""
     handles: list = field(default_factory=list)
 
     def install_reduces(self, transformer: nn.Module) -> None:
@@ -107,6 +109,21 @@ class TensorParallel:
             self.handles.append(transformer.get_submodule(path).register_forward_hook(self._reduce_hook(bias)))
         for path, lens in self.gathered.items():
             self.handles.append(transformer.get_submodule(path).register_forward_hook(self._gather_hook(lens)))
+        for path, width in self.norms.items():
+            self.handles.append(transformer.get_submodule(path).register_forward_hook(self._norm_hook(width)))
+
+    def _norm_hook(self, width: int):
+        group = self.group
+
+        def norm(module, args, _out):  # x: [B, S, F/tp]; the module's own (local-statistics) output is replaced
+            x = args[0]
+            squares = tensor_parallel_all_reduce(x.pow(2).sum(-1, keepdim=True), group,
+                                                 kind="tensor_parallel_norm")  # [B, S, 1]
+            eps = module.eps if module.eps is not None else torch.finfo(x.dtype).eps
+            out = x * torch.rsqrt(squares / width + eps)
+            return out if module.weight is None else out * module.weight
+
+        return norm
 
     def _gather_hook(self, lens: list[int]):
         group = self.group
@@ -131,10 +148,12 @@ def resolve(transformer: nn.Module, plan: TensorPlan, stages: StagePlan) -> dict
     roots = tuple(spec.path + "." for spec in stages.blocks)
     found = {}
     for path, module in transformer.named_modules():
-        if not path.startswith(roots) or not isinstance(module, nn.Linear):
+        if not path.startswith(roots) or not isinstance(module, (nn.Linear, nn.RMSNorm)):
             continue
         for pattern, style in plan.styles.items():
             if fnmatch.fnmatchcase(path, pattern):
+                if (style == ACROSS_HEADS) != isinstance(module, nn.RMSNorm):
+                    raise ConfigError(f"tensor plan: {path} is a {type(module).__name__}, not what {style} splits")
                 found[path] = style
                 break
     return found
@@ -167,7 +186,10 @@ def linear_shards(transformer: nn.Module, plan: TensorPlan, stages: StagePlan, r
         kind, blocks = (style.style, style.blocks) if isinstance(style, Packed) else (style, None)
         if isinstance(style, Packed) and blocks is None:
             blocks = tuple(getattr(linear, "_tp_packed_col_blocks" if kind == COLUMN else "_tp_packed_row_blocks"))
-        total = linear.in_features if kind == ROW else linear.out_features
+        if kind == ACROSS_HEADS:
+            total = linear.normalized_shape[-1]
+        else:
+            total = linear.in_features if kind == ROW else linear.out_features
         if blocks and any(size % heads for size in _block_sizes(total, blocks)):
             # a processor that cuts the fused output by the global ratio (FLUX.2) needs every part in proportion
             raise ConfigError(f"{path}: its fused parts {_block_sizes(total, blocks)} do not divide by the model's "
@@ -188,7 +210,7 @@ def parameter_shard(shards: dict[str, LinearShard], name: str) -> tuple[int, tor
         return None
     if shard.style == ROW:
         return (1, shard.keep) if leaf == "weight" else None
-    return 0, shard.keep
+    return 0, shard.keep  # COLUMN, GATHERED, ACROSS_HEADS
 
 
 class ShardWhileLoading:
@@ -236,6 +258,11 @@ def apply_tensor_parallel(transformer: nn.Module, plan: TensorPlan, stages: Stag
         linear = transformer.get_submodule(path)
         if shard.style == ROW:
             done.row_biases[path] = _shard_rows(linear, shard.keep)
+        elif shard.style == ACROSS_HEADS:
+            done.norms[path] = sum(shard.lens)
+            linear.normalized_shape = (len(shard.keep),)  # its own forward runs on the shard; the hook's output wins
+            if linear.weight is not None and linear.weight.shape[0] != len(shard.keep):
+                linear.weight = nn.Parameter(linear.weight.detach()[shard.keep].clone(), requires_grad=False)
         else:
             if shard.style == GATHERED:
                 done.gathered[path] = shard.lens

@@ -88,12 +88,14 @@ def test_all_reduce_bytes_equal_the_formula(run_ranks, layout):
         assert abs(result[2] - formula) <= 0.1 * formula, (rank, result[2], formula)
 
 
-def test_tp2_video_equals_serial(run_ranks):
-    """CogVideoX (no _tp_plan: its family's TensorPlan, modulation gathered) at 9 frames of 3 x 5 tokens."""
+@pytest.mark.parametrize("name", ["cogvideox", "wan", "wan-i2v"])
+def test_tp2_video_equals_serial(run_ranks, name):
+    """CogVideoX (its TensorPlan, modulation gathered), Wan t2v and i2v (Q/K norms across heads, all-reduced) at
+    9 frames of 3 x 5 tokens."""
     from tests import video_jobs
 
-    ref = video_jobs.generate("cogvideox", {}, fresh=True)
-    results = run_ranks(2, video_jobs.generate, "cogvideox", dict(tensor_parallel_degree=2), fresh=True)
+    ref = video_jobs.generate(name, {}, fresh=True)
+    results = run_ranks(2, video_jobs.generate, name, dict(tensor_parallel_degree=2), fresh=True)
     assert_exact(results, ref)
 
 

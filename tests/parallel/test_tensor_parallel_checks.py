@@ -35,7 +35,7 @@ def test_ulysses_is_bounded_by_the_heads_a_tp_rank_holds():
 
 
 def test_a_family_without_a_tensor_plan_is_refused_naming_the_flag():
-    info = ModelInfo("<test>", "WanPipeline", family_for_pipeline("WanPipeline"),
+    info = ModelInfo("<test>", "LTXPipeline", family_for_pipeline("LTXPipeline"),
                      {"num_attention_heads": 4, "num_layers": 2}, 8)
     with pytest.raises(ConfigError, match="drop --tensor-parallel-degree"):
         info.check_layout(ParallelConfig(tensor_parallel_degree=2))

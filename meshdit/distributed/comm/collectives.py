@@ -149,17 +149,19 @@ def all_reduce(x: torch.Tensor, group: dist.ProcessGroup | None, kind: str, op: 
     return x
 
 
-def tensor_parallel_all_reduce(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """Tensor parallelism's partial sums of a row-parallel Linear [B, S, D], summed in place over the tp group.
+def tensor_parallel_all_reduce(x: torch.Tensor, group: dist.ProcessGroup | None,
+                               kind: str = "tensor_parallel_all_reduce") -> torch.Tensor:
+    """Tensor parallelism's partial sums, summed in place over the tp group: a row-parallel Linear's [B, S, D]
+    (kind tensor_parallel_all_reduce), an across-heads RMSNorm's sums of squares [B, S, 1] (tensor_parallel_norm).
 
-    Counted as `tensor_parallel_all_reduce`: 2 (ranks - 1) / ranks times the tensor's bytes, a ring all-reduce's
-    traffic (docs/tensor-parallel.md gives the per-step formula)."""
+    Counted as `kind`: 2 (ranks - 1) / ranks times the tensor's bytes, a ring all-reduce's traffic
+    (docs/tensor-parallel.md gives the per-step formula)."""
     world = group_size(group)
     if world == 1:
         return x
     numel = x.numel() * 2 * (world - 1) // world
-    comm_stats.add("tensor_parallel_all_reduce", numel * x.element_size(), numel)
-    with timeline.span("tensor_parallel_all_reduce"):
+    comm_stats.add(kind, numel * x.element_size(), numel)
+    with timeline.span(kind):
         dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group)
     return x
 
