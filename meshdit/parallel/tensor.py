@@ -8,8 +8,10 @@ attention module's `heads` is set to its local count, so the diffusers processor
 with torch's SDPA (or, under Ulysses, the all-to-all runs over the local heads).
 
 Which Linears: the family's TensorPlan, else the transformer's own diffusers `_tp_plan` (read here, so the two
-name the same layers: tests/test_diffusers_guard.py). Only the blocks of the stage plan's block lists are split;
-embeddings, modulation and the final projection stay whole on every rank.
+name the same layers: tests/test_diffusers_guard.py) with the family's GATHERED modulation added. Only the blocks
+of the stage plan's block lists are split; embeddings and the final projection stay whole on every rank. A
+GATHERED Linear (adaLN modulation) keeps its share of the output features and all-gathers its output; an
+ACROSS_HEADS RMSNorm (Wan's Q/K norm) keeps its share of the weight and all-reduces its sums of squares.
 """
 from __future__ import annotations
 
@@ -90,7 +92,7 @@ def local_index(total: int, blocks: tuple[int, ...] | None, heads: int, ranks: i
 
 @dataclass
 class TensorParallel:
-    """What apply_tensor_parallel did: the row-parallel Linears (path -> their bias, added after the sum)."""
+    """What apply_tensor_parallel did: which paths need a collective after them (install_reduces adds the hooks)."""
 
     group: object
     ranks: int
@@ -169,10 +171,11 @@ def _heads(transformer: nn.Module, ranks: int) -> int:
 
 @dataclass(frozen=True)
 class LinearShard:
-    """How one Linear splits: the style, and the features of its split dimension this rank keeps."""
+    """How one Linear (or ACROSS_HEADS RMSNorm) splits: the style, and the features of its split dimension this
+    rank keeps."""
 
-    style: str  # COLUMN, GATHERED or ROW
-    keep: torch.Tensor  # indices into out_features (COLUMN, GATHERED) or in_features (ROW)
+    style: str  # COLUMN, GATHERED, ROW or ACROSS_HEADS
+    keep: torch.Tensor  # indices into out_features (COLUMN, GATHERED), in_features (ROW), the norm's width
     lens: list[int]  # every rank's count of those features (GATHERED's all-gather)
 
 
