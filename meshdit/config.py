@@ -22,20 +22,24 @@ class MeshAxis(str, Enum):
     PP = "pp"
     RING = "ring"
     ULYSSES = "ulysses"
+    TP = "tp"
+    """Tensor parallelism: each block's weights split over the ranks (parallel/tensor.py)."""
     SP = "sp"
     """Derived (SP_AXES): ring x ulysses, the ranks that share one sequence."""
     IMAGE = "image"
-    """Derived (IMAGE_AXES): cfg x pp x ring x ulysses, the ranks that share one image."""
+    """Derived (IMAGE_AXES): cfg x pp x ring x ulysses x tp, the ranks that share one image."""
 
     def __str__(self) -> str:
         return self.value
 
 
-# Mesh axes, outermost to innermost (DESIGN.md): Ulysses groups are contiguous
-# ranks, ring groups strided, then pipefusion, cfg and data outside them.
-MESH_AXES = (MeshAxis.DP, MeshAxis.CFG, MeshAxis.PP, MeshAxis.RING, MeshAxis.ULYSSES)
+# Mesh axes, outermost to innermost (DESIGN.md): tp innermost (contiguous ranks), since it sends the most
+# (two all-reduces of the whole activation per block, none of it overlapped) and contiguous ranks are the
+# ones that share the fastest links (one host, one switch); then Ulysses groups, ring groups strided,
+# then pipefusion, cfg and data outside them (xDiT's order: tp, sp, pp, cfg, dp).
+MESH_AXES = (MeshAxis.DP, MeshAxis.CFG, MeshAxis.PP, MeshAxis.RING, MeshAxis.ULYSSES, MeshAxis.TP)
 SP_AXES = (MeshAxis.RING, MeshAxis.ULYSSES)  # flattened into MeshAxis.SP
-IMAGE_AXES = (MeshAxis.CFG, MeshAxis.PP, MeshAxis.RING, MeshAxis.ULYSSES)  # flattened into MeshAxis.IMAGE
+IMAGE_AXES = (MeshAxis.CFG, MeshAxis.PP, MeshAxis.RING, MeshAxis.ULYSSES, MeshAxis.TP)  # flattened: MeshAxis.IMAGE
 
 # torch.compile backends --compile offers (the API takes any registered backend name).
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
@@ -72,6 +76,10 @@ class ParallelConfig:
         1, flag="ulysses-degree", type=int, metavar="U",
         help="Ulysses sequence parallelism: all-to-all between sequence and head shards; at most the model's "
              "attention heads (default: 1)")
+    tensor_parallel_degree: int = flagged(
+        1, flag="tensor-parallel-degree", type=int, metavar="T",
+        help="tensor parallelism: each transformer block's attention heads and MLP split over T ranks, two "
+             "all-reduces per block; cuts weight memory per rank (docs/tensor-parallel.md) (default: 1)")
     compile: str | None = flagged(
         None, flag="compile", aliases=("use-torch-compile", "use_torch_compile"), nargs="?", const="inductor",
         choices=COMPILE_BACKENDS, metavar="BACKEND",
@@ -91,6 +99,7 @@ class ParallelConfig:
             MeshAxis.PP: self.pipefusion_parallel_degree,
             MeshAxis.RING: self.ring_degree,
             MeshAxis.ULYSSES: self.ulysses_degree,
+            MeshAxis.TP: self.tensor_parallel_degree,
         }
 
     @property

@@ -106,7 +106,9 @@ class Engine:
         fp8 = settings.fp8 if settings.fp8 else None
         with _progress_bars(settings.verbose if show_progress is None else show_progress):
             pipe = load_pipeline(settings.model, device, settings.torch_dtype(), mesh, settings.loading,
-                                 vae_here=vae_here, fp8_gemm=fp8 is not None and fp8.gemm)
+                                 vae_here=vae_here,
+                                 # under tp the shards are quantized after the split (combine/parallelize)
+                                 fp8_gemm=fp8 is not None and fp8.gemm and settings.config.tensor_parallel_degree == 1)
         return cls(pipe, mesh, settings.vae, fp8)
 
     @property

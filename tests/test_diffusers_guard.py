@@ -79,3 +79,37 @@ def test_sequence_plan_names_the_inputs_and_outputs_of_the_diffusers_cp_plan(fam
     our_gathers = {g.module: g.dim for g in ours.gathers}
     assert our_splits == their_splits
     assert our_gathers == their_gathers
+
+
+def _diffusers_tp_plan(family):
+    import diffusers
+
+    return getattr(getattr(diffusers, family.transformer_class), "_tp_plan", None)
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if _diffusers_tp_plan(f)], ids=lambda f: f.name)
+def test_tensor_plan_splits_what_the_diffusers_tp_plan_names(family):
+    """Every Linear diffusers' `_tp_plan` shards (resolved by diffusers' own glob rules) meshdit splits the same
+    way (column / row, packed alike); meshdit may split more (the modulation it gathers)."""
+    from diffusers.hooks.tensor_parallel import PackedColwiseParallel, _resolve_tp_plan
+
+    from meshdit.parallel.plan import COLUMN, ROW, Packed
+    from meshdit.parallel.tensor import resolve, tensor_plan_for
+
+    assert family.tensor_parallel, f"{family.name}: its transformer has a _tp_plan, the registry row says no tp"
+    transformer = tiny_pipeline(family.name).transformer
+    names = {id(m): n for n, m in transformer.named_modules()}
+    theirs = {}
+    for block, relative in _resolve_tp_plan(transformer, _diffusers_tp_plan(family)):
+        for path, style in relative.items():
+            full = f"{names[id(block)]}.{path}" if names[id(block)] else path
+            if isinstance(style, str):
+                theirs[full] = {"colwise": COLUMN, "rowwise": ROW}[style]
+            else:
+                theirs[full] = COLUMN if isinstance(style, PackedColwiseParallel) else ROW
+    plan = family.plan()
+    ours = resolve(transformer, tensor_plan_for(transformer, plan.tensor), plan.stages)
+    ours = {p: (s.style if isinstance(s, Packed) else s) for p, s in ours.items()}
+    assert theirs, "diffusers resolved no module"
+    missing = sorted(p for p in theirs if ours.get(p) != theirs[p])
+    assert not missing, f"meshdit does not split these as diffusers' _tp_plan does: {missing}"

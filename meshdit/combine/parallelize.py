@@ -6,6 +6,7 @@ from ..distributed.mesh import ParallelMesh, SingleProcessMesh
 from ..parallel.pipefusion import PipeFusion
 from ..parallel.plan import ModelPlan
 from ..parallel.sequence import apply_sequence_parallel
+from ..parallel.tensor import apply_tensor_parallel, tensor_plan_for
 from . import fp8_runtime
 from .parallelized import Parallelized
 
@@ -52,9 +53,18 @@ def parallelize(pipe, plan: ModelPlan, mesh: ParallelMesh | SingleProcessMesh, f
                                      fp8_runtime.stale_kv_format(fp8, device))
         done.handles += done.pipefusion.handles
     for transformer in transformers:
+        tensor = None
+        if config.tensor_parallel_degree > 1:
+            # after PipeFusion's cut (every tp rank of a stage cuts the same whole blocks), before FP8 (the
+            # shards are quantized, not the whole weights); attention then runs over the local heads
+            tensor = apply_tensor_parallel(transformer, tensor_plan_for(transformer, plan.tensor), plan.stages,
+                                           mesh.group("tp"))
         if fp8 is not None and fp8.gemm:
             # after PipeFusion's split: stages balance as without FP8, and only this stage's blocks are quantized
             fp8_runtime.quantize_transformer(transformer, [spec.path for spec in plan.stages.blocks])
+        if tensor is not None:  # on the Linears as they are now (FP8 ones included)
+            tensor.install_reduces(transformer)
+            done.handles += tensor.handles
         if config.compile:  # last: the blocks this stage keeps, FP8 Linear layers included
             from ..parallel.compile import compile_blocks
 

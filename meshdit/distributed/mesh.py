@@ -55,13 +55,13 @@ def teardown_distributed() -> None:
 
 @dataclass
 class ParallelMesh:
-    """The DeviceMesh with axes dp, cfg, pp, ring, ulysses and the groups derived from it."""
+    """The DeviceMesh with axes dp, cfg, pp, ring, ulysses, tp and the groups derived from it."""
 
     config: ParallelConfig
     mesh: DeviceMesh
     device: torch.device
     sp_mesh: DeviceMesh  # ring x ulysses flattened: the ranks that share one sequence
-    image_mesh: DeviceMesh  # cfg x pp x ring x ulysses flattened: the ranks that make the same images
+    image_mesh: DeviceMesh  # cfg x pp x ring x ulysses x tp flattened: the ranks that make the same images
 
     @classmethod
     def build(cls, config: ParallelConfig, device: torch.device) -> "ParallelMesh":

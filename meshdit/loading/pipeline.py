@@ -28,7 +28,8 @@ def load_pipeline_efficiently(model: str, device: torch.device, dtype: torch.dty
     Under PipeFusion the transformer's other-stage blocks stay on the meta device (never
     materialised); PipeFusion replaces them with pass-through blocks. Text encoders load on
     the encoding rank only; the VAE only where vae_here (elsewhere: a skeleton on meta).
-    fp8_gemm: the block lists' Linear layers become FP8 as their weights arrive.
+    fp8_gemm: the block lists' Linear layers become FP8 as their weights arrive (under tensor parallelism they
+    arrive cut to this rank's shards instead, and parallelize quantizes the shards).
     """
     from diffusers import DiffusionPipeline
 
@@ -41,7 +42,12 @@ def load_pipeline_efficiently(model: str, device: torch.device, dtype: torch.dty
     select = on_loaded = None
     if mesh.size("pp") > 1:
         select = lambda skeleton: stage_keep(skeleton, family.plan().stages, mesh.local_rank("pp"), mesh.size("pp"))  # noqa: E731
-    if fp8_gemm:
+    if mesh.size("tp") > 1:  # each Linear of the blocks cut to this rank's shard as it lands
+        from ..parallel.tensor import ShardWhileLoading
+
+        on_loaded = ShardWhileLoading(family.plan().tensor, family.plan().stages, mesh.size("tp"),
+                                      mesh.local_rank("tp"))
+    elif fp8_gemm:
         from ..quant.fp8_linear import QuantizeWhileLoading
         from ..quant.formats import check_fp8_gemm
 

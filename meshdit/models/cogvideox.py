@@ -15,7 +15,8 @@ from diffusers.pipelines.cogvideo.pipeline_cogvideox import retrieve_timesteps
 
 from ..denoising.recipe import COND, UNCOND, DenoiseState
 from ..denoising.video import VideoRecipe
-from ..parallel.plan import BlockList, Gather, ModelPlan, SequencePlan, StagePlan, Split
+from ..parallel.plan import (COLUMN, GATHERED, ROW, BlockList, Gather, ModelPlan, SequencePlan, StagePlan, Split,
+                             TensorPlan)
 
 # The patch embedding returns cat(text, video) tokens (positional table added) and the model slices them apart
 # before its blocks: both are sharded where the first block takes them, the rotary table (cos, sin), each
@@ -32,6 +33,15 @@ PLAN = ModelPlan(
     ),
     StagePlan(blocks=(BlockList("transformer_blocks", ("hidden_states", "encoder_hidden_states"),
                                 ("hidden_states", "encoder_hidden_states")),)),
+    # tensor parallelism (diffusers has no _tp_plan for CogVideoX): attention by heads (its Q/K LayerNorms are
+    # per head), the MLP, and the two adaLN modulations [B, 6D] split and gathered
+    TensorPlan({
+        "transformer_blocks.*.attn1.to_[qkv]": COLUMN,
+        "transformer_blocks.*.attn1.to_out.0": ROW,
+        "transformer_blocks.*.ff.net.0.proj": COLUMN,
+        "transformer_blocks.*.ff.net.2": ROW,
+        "transformer_blocks.*.norm[12].linear": GATHERED,
+    }),
 )
 
 

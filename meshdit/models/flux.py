@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
 
-from ..parallel.plan import BlockList, Gather, ModelPlan, StagePlan, SequencePlan, Split
+from ..parallel.plan import BlockList, Gather, ModelPlan, StagePlan, SequencePlan, Split, TensorPlan
 from ..denoising.recipe import COND, UNCOND, DenoiseState, Recipe, flow_sigmas
 
 # Text and image tokens are both sharded; ids are sharded like their tokens, so the RoPE table the
@@ -29,7 +29,9 @@ PLAN = ModelPlan(SEQUENCE_PLAN, StagePlan(blocks=(
               ("encoder_hidden_states", "hidden_states")),
     BlockList("single_transformer_blocks", ("hidden_states", "encoder_hidden_states"),
               ("encoder_hidden_states", "hidden_states")),
-)))
+    # tensor parallelism: diffusers' _tp_plan on FluxTransformer2DModel, plus the adaLN modulation split and gathered
+)), TensorPlan(gathered=("transformer_blocks.*.norm1.linear", "transformer_blocks.*.norm1_context.linear",
+                         "single_transformer_blocks.*.norm.linear")))
 
 
 class FluxRecipe(Recipe):

@@ -7,7 +7,8 @@ import torch
 from diffusers.models.embeddings import get_2d_rotary_pos_embed
 from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import get_resize_crop_region_for_grid
 
-from ..parallel.plan import LOCAL, OUTPUT, BlockList, Gather, ModelPlan, StagePlan, SequencePlan, Split
+from ..parallel.plan import (COLUMN, GATHERED, LOCAL, OUTPUT, ROW, BlockList, Gather, ModelPlan, StagePlan,
+                             SequencePlan, Split, TensorPlan)
 from ..denoising.recipe import COND, UNCOND, DenoiseState, Recipe
 
 
@@ -34,6 +35,16 @@ PLAN = ModelPlan(
         },
     ),
     StagePlan(blocks=(BlockList("blocks", ("hidden_states",), "hidden_states", long_skips=_long_skips),)),
+    # tensor parallelism (diffusers has no _tp_plan for HunyuanDiT): self- and cross-attention by heads (Q/K
+    # LayerNorms per head), the MLP, the shift modulation gathered; the long skips' skip_linear reads the whole
+    # LayerNorm of cat(x, skip) and stays whole
+    TensorPlan({
+        "blocks.*.attn[12].to_[qkv]": COLUMN,
+        "blocks.*.attn[12].to_out.0": ROW,
+        "blocks.*.ff.net.0.proj": COLUMN,
+        "blocks.*.ff.net.2": ROW,
+        "blocks.*.norm1.linear": GATHERED,
+    }),
 )
 
 

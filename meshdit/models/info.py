@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from ..config import GenerateRequest, ParallelConfig, RequestDefaults
 from ..config_files import read_json
 from ..errors import ConfigError
-from .registry import ModelFamily, family_for_pipeline
+from .registry import ModelFamily, family_for_pipeline, tensor_parallel_families
 
 
 NOISE_DRAWING_SCHEDULERS = frozenset({
@@ -293,14 +293,33 @@ class ModelInfo:
     def check_layout(self, config: ParallelConfig) -> None:
         """The checks that need the layout and the model alone (no request): the Python API runs them
         before installing any hook, the CLI before starting ranks."""
-        if config.ulysses_degree > self.num_heads:
+        self._check_tensor_parallel(config)
+        heads = self.num_heads // config.tensor_parallel_degree  # the fewest heads a tp rank holds
+        if config.ulysses_degree > heads:
+            held = "" if config.tensor_parallel_degree == 1 else (
+                f" (the fewest a rank holds under --tensor-parallel-degree {config.tensor_parallel_degree})")
             raise ConfigError(
-                f"ulysses degree {config.ulysses_degree} exceeds the model's {self.num_heads} attention heads: "
-                f"use --ulysses-degree <= {self.num_heads} and put the rest into --ring-degree.")
+                f"ulysses degree {config.ulysses_degree} exceeds the model's {heads} attention heads{held}: "
+                f"use --ulysses-degree <= {heads} and put the rest into --ring-degree.")
         blocks = self.family.num_blocks(self.transformer_config)
         if config.pipefusion_parallel_degree > blocks:
             raise ConfigError(f"PipeFusion degree {config.pipefusion_parallel_degree} needs a block per stage, but "
                               f"the model has {blocks} blocks: use --pipefusion-parallel-degree <= {blocks}.")
+
+    def _check_tensor_parallel(self, config: ParallelConfig) -> None:
+        tp = config.tensor_parallel_degree
+        if tp == 1:
+            return
+        if not self.family.tensor_parallel:
+            raise ConfigError(
+                f"{self.pipeline_class} has no tensor-parallel plan in meshdit (families with one: "
+                f"{', '.join(tensor_parallel_families())}): drop --tensor-parallel-degree and give the ranks to "
+                "--ulysses-degree, --ring-degree or --pipefusion-parallel-degree.")
+        if tp > self.num_heads:
+            raise ConfigError(
+                f"tensor parallel degree {tp} exceeds the model's {self.num_heads} attention heads (each rank needs "
+                f"a whole head at least): use --tensor-parallel-degree <= {self.num_heads}.")
+        # an MLP width needs no check: any width splits exactly (parallel/tensor.part_sizes), unevenly if it must
 
     def _check_pipefusion(self, config: ParallelConfig, patches: int, token_rows: int, token_cols: int) -> None:
         if config.pipefusion_parallel_degree == 1:

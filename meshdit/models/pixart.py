@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from diffusers.pipelines.pixart_alpha.pipeline_pixart_alpha import retrieve_timesteps
 
-from ..parallel.plan import LOCAL, OUTPUT, BlockList, Gather, ModelPlan, StagePlan, SequencePlan, Split
+from ..parallel.plan import (COLUMN, LOCAL, OUTPUT, ROW, BlockList, Gather, ModelPlan, StagePlan, SequencePlan, Split,
+                             TensorPlan)
 from ..denoising.recipe import COND, UNCOND, DenoiseState, Recipe
 
 # Text stays whole on every rank: cross-attention needs no communication, and its padding mask
@@ -20,6 +21,14 @@ PLAN = ModelPlan(
         },
     ),
     StagePlan(blocks=(BlockList("transformer_blocks", ("hidden_states",), "hidden_states"),)),
+    # tensor parallelism (diffusers has no _tp_plan for PixArt): self- and cross-attention by heads, the MLP;
+    # the adaLN-single modulation is a [6, D] table per block, left whole
+    TensorPlan({
+        "transformer_blocks.*.attn*.to_[qkv]": COLUMN,
+        "transformer_blocks.*.attn*.to_out.0": ROW,
+        "transformer_blocks.*.ff.net.0.proj": COLUMN,
+        "transformer_blocks.*.ff.net.2": ROW,
+    }),
 )
 
 

@@ -26,6 +26,9 @@ class ModelFamily:
     Python API fill unset values alike without importing torch."""
     default_guidance: float
     default_max_sequence_length: int
+    tensor_parallel: bool = False
+    """Its transformer splits over --tensor-parallel-degree: its plan has a TensorPlan with Linear styles, or its
+    transformer class carries diffusers' `_tp_plan` (tests/parallel/test_tensor_parallel.py checks the two agree)."""
     max_sequence_length_by_pipeline: dict[str, int] = field(default_factory=dict)
     """Pipelines of the family whose default text length differs (PixArt-alpha: 120, Sigma: 300)."""
     max_sequence_length_limit: int | None = None
@@ -141,28 +144,28 @@ FAMILIES = (
     ModelFamily("flux", "FluxTransformer2DModel", ("FluxPipeline",), "meshdit.models.flux", packed=True,
                 default_steps=28, default_guidance=3.5, default_max_sequence_length=512,
                 max_sequence_length_limit=512, default_sample_size=128, guidance_distilled="guidance_embeds",
-                tiny_module="meshdit.models.tiny.flux"),
+                tensor_parallel=True, tiny_module="meshdit.models.tiny.flux"),
     ModelFamily("flux2", "Flux2Transformer2DModel", ("Flux2Pipeline",), "meshdit.models.flux2", packed=True,
                 default_steps=50, default_guidance=4.0, default_max_sequence_length=512, default_sample_size=128,
                 guidance_distilled=True, call_arguments=("prompt_embeds",),
-                tiny_module="meshdit.models.tiny.flux2"),
+                tensor_parallel=True, tiny_module="meshdit.models.tiny.flux2"),
     ModelFamily("sd3", "SD3Transformer2DModel", ("StableDiffusion3Pipeline",), "meshdit.models.sd3", packed=False,
                 default_steps=28, default_guidance=7.0, default_max_sequence_length=256,
                 max_sequence_length_limit=512,
-                tiny_module="meshdit.models.tiny.sd3"),
+                tensor_parallel=True, tiny_module="meshdit.models.tiny.sd3"),
     ModelFamily("pixart", "PixArtTransformer2DModel", ("PixArtSigmaPipeline", "PixArtAlphaPipeline"),
                 "meshdit.models.pixart", packed=False, default_steps=20, default_guidance=4.5,
                 default_max_sequence_length=300, max_sequence_length_by_pipeline={"PixArtAlphaPipeline": 120},
-                tiny_module="meshdit.models.tiny.pixart"),
+                tensor_parallel=True, tiny_module="meshdit.models.tiny.pixart"),
     ModelFamily("hunyuandit", "HunyuanDiT2DModel", ("HunyuanDiTPipeline",), "meshdit.models.hunyuandit",
                 packed=False, default_steps=50, default_guidance=5.0, default_max_sequence_length=256,
                 max_sequence_length_fixed=True,
-                tiny_module="meshdit.models.tiny.hunyuandit"),
+                tensor_parallel=True, tiny_module="meshdit.models.tiny.hunyuandit"),
     # Wan 2.1 / 2.2 (a WanPipeline with transformer_2 and boundary_ratio: two experts). UMT5 text goes in through
     # cross-attention only, so any text length works; defaults are WanPipeline.__call__'s and its examples' fps.
     ModelFamily("wan", "WanTransformer3DModel", ("WanPipeline", "WanImageToVideoPipeline"), "meshdit.models.wan",
                 packed=False, default_steps=50, default_guidance=5.0, default_max_sequence_length=512,
-                max_sequence_length_fixed="added_kv_proj_dim", default_pixel_size=(480, 832),
+                tensor_parallel=True, max_sequence_length_fixed="added_kv_proj_dim", default_pixel_size=(480, 832),
                 default_num_frames=81, default_fps=16, image_to_video_pipelines=("WanImageToVideoPipeline",),
                 refused_pipeline_config={"expand_timesteps": "Wan 2.2 TI2V's per-token timesteps"},
                 tiny_module="meshdit.models.tiny.wan"),
@@ -179,7 +182,7 @@ FAMILIES = (
     # fps is its examples' export_to_video fps.
     ModelFamily("cogvideox", "CogVideoXTransformer3DModel", ("CogVideoXPipeline",), "meshdit.models.cogvideox",
                 packed=False, default_steps=50, default_guidance=6.0, default_max_sequence_length=226,
-                max_sequence_length_fixed=("use_rotary_positional_embeddings", False),
+                tensor_parallel=True, max_sequence_length_fixed=("use_rotary_positional_embeddings", False),
                 fixed_text_length_key="max_text_seq_length", noise_drawing_schedulers=("CogVideoXDPMScheduler",),
                 default_pixel_size=(480, 720),
                 default_num_frames=49, default_fps=8, vae_temporal_factor_key="temporal_compression_ratio",
@@ -227,3 +230,8 @@ def family_for_transformer(transformer_class: str) -> ModelFamily:
             return family
     supported = ", ".join(f.transformer_class for f in FAMILIES)
     raise ConfigError(f"meshdit has no plan for {transformer_class!r}; supported: {supported}.")
+
+
+def tensor_parallel_families() -> list[str]:
+    """The families --tensor-parallel-degree applies to."""
+    return [f.name for f in FAMILIES if f.tensor_parallel]

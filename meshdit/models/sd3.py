@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift, retrieve_timesteps
 
-from ..parallel.plan import OUTPUT, BlockList, Gather, ModelPlan, StagePlan, SequencePlan, Split
+from ..parallel.plan import (COLUMN, GATHERED, OUTPUT, ROW, BlockList, Gather, ModelPlan, StagePlan, SequencePlan,
+                             Split, TensorPlan)
 from ..denoising.recipe import COND, UNCOND, DenoiseState, Recipe
 
 # The latent is patchified inside forward, so tokens are sharded at the outputs of the patch
@@ -26,6 +27,17 @@ PLAN = ModelPlan(
         BlockList("transformer_blocks", ("hidden_states", "encoder_hidden_states"),
                   ("encoder_hidden_states", "hidden_states")),
     )),
+    # tensor parallelism (diffusers has no _tp_plan for SD3): joint attention (and SD3.5's second, image-only
+    # attention) by heads, both streams' MLPs, the adaLN modulations split and gathered
+    TensorPlan({
+        "transformer_blocks.*.attn*.to_[qkv]": COLUMN,
+        "transformer_blocks.*.attn.add_[qkv]_proj": COLUMN,
+        "transformer_blocks.*.attn*.to_out.0": ROW,
+        "transformer_blocks.*.attn.to_add_out": ROW,
+        "transformer_blocks.*.ff*.net.0.proj": COLUMN,
+        "transformer_blocks.*.ff*.net.2": ROW,
+        "transformer_blocks.*.norm1*.linear": GATHERED,
+    }),
 )
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..parallel.plan import LOCAL, OUTPUT, BlockList, Gather, ModelPlan, StagePlan, SequencePlan, Split
+from ..parallel.plan import (ACROSS_HEADS, COLUMN, LOCAL, OUTPUT, ROW, BlockList, Gather, ModelPlan, StagePlan,
+                             SequencePlan, Split, TensorPlan)
 from ..denoising.recipe import COND, UNCOND, DenoiseState
 from ..denoising.video import VideoRecipe
 
@@ -31,6 +32,18 @@ PLAN = ModelPlan(
         },
     ),
     StagePlan(blocks=(BlockList("blocks", ("hidden_states",), "hidden_states"),)),
+    # tensor parallelism (diffusers has no _tp_plan for Wan): self- and cross-attention by heads (the image
+    # K/V of I2V too), their Q/K RMS norms over all heads with the mean square all-reduced, the FFN; the
+    # modulation is a [1, 6, D] table per block, left whole
+    TensorPlan({
+        "blocks.*.attn[12].to_[qkv]": COLUMN,
+        "blocks.*.attn2.add_[kv]_proj": COLUMN,
+        "blocks.*.attn[12].to_out.0": ROW,
+        "blocks.*.attn[12].norm_[qk]": ACROSS_HEADS,
+        "blocks.*.attn2.norm_added_k": ACROSS_HEADS,
+        "blocks.*.ffn.net.0.proj": COLUMN,
+        "blocks.*.ffn.net.2": ROW,
+    }),
 )
 
 

@@ -102,9 +102,59 @@ class StagePlan:
     blocks: tuple[BlockList, ...]
 
 
+COLUMN = "column"
+"""TensorPlan style: the Linear's output features are split over the tp ranks (Q/K/V, MLP-in)."""
+
+ROW = "row"
+"""TensorPlan style: the Linear's input features are split over the tp ranks and its output all-reduced (attention
+out, MLP-out); its bias is added once, after the all-reduce."""
+
+
+GATHERED = "gathered"
+"""TensorPlan style: the Linear's output features are split over the tp ranks and all-gathered after it, for a
+per-sample projection whose whole output every rank needs (adaLN modulation [B, 6D]: a few kilobytes per block,
+against the megabytes of a row-parallel all-reduce of [B, S, D]), so its weight is not held whole on every rank."""
+
+
+ACROSS_HEADS = "across-heads"
+"""TensorPlan style of an RMSNorm over a COLUMN-split feature dimension (Wan's Q/K norm over all heads,
+`rms_norm_across_heads`): its weight is split like the Linear before it, and the sum of squares is all-reduced over
+the tp ranks ([B, S, 1] per call), so every rank normalises by the whole vector's mean square."""
+
+
+@dataclass(frozen=True)
+class Packed:
+    """TensorPlan style of a fused Linear whose split dimension concatenates several projections (FLUX.1's single
+    block `proj_out` reads cat(attention, MLP)): `blocks` are their proportions (e.g. (1, 4)); each block is split
+    on its own, as the Linear that made it was. None: the Linear's own `_tp_packed_col_blocks` /
+    `_tp_packed_row_blocks` (where diffusers' models store them)."""
+
+    style: str  # COLUMN or ROW
+    blocks: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """Tensor parallelism: glob over Linear paths inside the stage plan's block lists -> COLUMN, ROW, GATHERED or
+    Packed (and RMSNorm paths -> ACROSS_HEADS).
+
+    Attention heads split over the tp ranks by whole heads (uneven where they must be: a rank may hold one head
+    more); a column split of a Linear inside an attention module keeps whole heads, and any width divisible by the
+    head count is split in the same proportion, so a ROW Linear reads exactly the features its producers made.
+    Every attention module holding a COLUMN Linear attends over its local heads. Families whose transformer
+    carries diffusers' `_tp_plan` need none: parallel/tensor.py reads that."""
+
+    styles: dict[str, str | Packed] = field(default_factory=dict)
+    gathered: tuple[str, ...] = ()
+    """Globs of GATHERED Linears added to a plan read from the model's `_tp_plan` (which leaves the modulation
+    whole on every rank)."""
+
+
 @dataclass(frozen=True)
 class ModelPlan:
-    """Everything `parallelize` needs to know about a transformer: its sequence plan and its stage plan."""
+    """Everything `parallelize` needs to know about a transformer: its sequence plan and its stage plan, and,
+    for a family whose transformer carries no `_tp_plan`, its tensor plan (None: the model's own, if any)."""
 
     sequence: SequencePlan
     stages: StagePlan
+    tensor: TensorPlan | None = None

@@ -5,7 +5,7 @@ streamed at load) calls torch.distributed only through this package:
 
 - collectives.py: uneven all-to-all (Ulysses), uneven and equal all-gathers (sequence
   gathers, CFG's branch exchange, data-parallel images), all-reduce (VAE statistics and
-  tiles, the agreed stop flag), broadcasts (PipeFusion's final latents, streamed weights,
+  tiles, the agreed stop flag; tensor parallelism's row-parallel sums), broadcasts (PipeFusion's final latents, streamed weights,
   text embeddings, images decoded on one rank of the image group);
 - point_to_point.py: the ring exchange (ring attention), the pipeline channel between
   PipeFusion stages, the neighbour exchange (VAE halos), plain send/recv (weight streaming);
@@ -32,7 +32,7 @@ NCCL may also hold a send until its peer receives (large messages), so the same 
 """
 from .collectives import (PendingAllToAll, all_gather, all_gather_uneven, all_reduce, all_to_all_chunks,
                           all_to_all_flat_async, broadcast, broadcast_from, broadcast_object,
-                          group_rank, group_size, split_sizes)
+                          group_rank, group_size, split_sizes, tensor_parallel_all_reduce)
 from .point_to_point import PipeChannel, RingExchange, exchange_with_neighbours, recv_into, send
 from .stats import CommStats, comm_stats
 
@@ -41,4 +41,5 @@ __all__ = [
     "all_to_all_chunks", "all_to_all_flat_async", "broadcast", "broadcast_from",
     "broadcast_object", "comm_stats",
     "exchange_with_neighbours", "group_rank", "group_size", "recv_into", "send", "split_sizes",
+    "tensor_parallel_all_reduce",
 ]

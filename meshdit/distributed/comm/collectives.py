@@ -149,6 +149,23 @@ def all_reduce(x: torch.Tensor, group: dist.ProcessGroup | None, kind: str, op: 
     return x
 
 
+def tensor_parallel_all_reduce(x: torch.Tensor, group: dist.ProcessGroup | None,
+                               kind: str = "tensor_parallel_all_reduce") -> torch.Tensor:
+    """Tensor parallelism's partial sums, summed in place over the tp group: a row-parallel Linear's [B, S, D]
+    (kind tensor_parallel_all_reduce), an across-heads RMSNorm's sums of squares [B, S, 1] (tensor_parallel_norm).
+
+    Counted as `kind`: 2 (ranks - 1) / ranks times the tensor's bytes, a ring all-reduce's traffic
+    (docs/tensor-parallel.md gives the per-step formula)."""
+    world = group_size(group)
+    if world == 1:
+        return x
+    numel = x.numel() * 2 * (world - 1) // world
+    comm_stats.add(kind, numel * x.element_size(), numel)
+    with timeline.span(kind):
+        dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group)
+    return x
+
+
 def broadcast(x: torch.Tensor, src: int, group: dist.ProcessGroup | None, kind: str) -> torch.Tensor:
     """x of group rank `src` written into x on every rank (same shape everywhere); returns x."""
     world = group_size(group)

@@ -4,7 +4,8 @@ Only the primitives of this package call `comm_stats.add`, one rule per primitiv
 - point to point (pipeline, ring, halos, loading sends): the bytes sent;
 - all-to-all: the bytes sent to the other ranks;
 - all-gather: this rank's (padded) part times (ranks - 1);
-- all-reduce: 2 (ranks - 1) / ranks times the tensor's bytes (what a ring all-reduce sends);
+- all-reduce (tensor_parallel_all_reduce too): 2 (ranks - 1) / ranks times the tensor's bytes (what a ring
+  all-reduce sends);
 - broadcast: on the source, the bytes times (ranks - 1); 0 elsewhere.
 Nothing is counted on a group of one rank, where nothing travels.
 """
