@@ -17,6 +17,7 @@ def check_before_launch(engine: EngineSettings, request: GenerateRequest,
     num_images: the images of the batch the request runs in (serve: its smallest allowed batch)."""
     from .distributed.launch import check_torchrun_world
     from .models.info import ModelInfo
+    from .lora_files import check_adapter_file
     from .vae.settings import check_vae_of_model
 
     config = engine.config
@@ -27,6 +28,8 @@ def check_before_launch(engine: EngineSettings, request: GenerateRequest,
 
         check_fp8_gemm(pick_device())
     request.validate()  # value ranges first: they need no model
+    for _, path in engine.loras:  # the files and their headers against the model's weights (no torch)
+        check_adapter_file(path, engine.model)
     info = ModelInfo.from_pretrained(engine.model)
     request = request.with_defaults(info.request_defaults())
     info.check_request(config, request, num_images)

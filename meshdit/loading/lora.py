@@ -1,0 +1,94 @@
+"""LoRA adapters on a rank's pipeline through diffusers' own loader (PEFT layers beside the base Linear layers).
+
+Each adapter loads once, when the engine is built (before any parallel hook, so a hook on a Linear layer's output
+sees the adapted output); requests switch between loaded adapters with `set_adapters`, never reloading the model.
+Under PipeFusion a stage loads only the adapter tensors of the blocks it keeps (`keep`, loading/stages.py).
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Callable
+
+from ..errors import ConfigError
+
+TRANSFORMER_PREFIX = "transformer."
+
+
+def check_pipeline_takes_lora(pipe) -> None:
+    """A pipeline class without diffusers' LoRA loader (PixArt, HunyuanDiT, ...) is refused, naming it."""
+    if not hasattr(pipe, "load_lora_weights") or not hasattr(pipe, "set_adapters"):
+        raise ConfigError(f"--lora: diffusers {diffusers_version()} has no LoRA loader for {type(pipe).__name__}; "
+                          "drop --lora / --lora-dir for this model (docs/lora.md lists the families that take one)")
+
+
+def diffusers_version() -> str:
+    import diffusers
+
+    return diffusers.__version__
+
+
+def load_adapter(pipe, name: str, path: str, keep: Callable[[str], bool] | None = None) -> bool:
+    """Loads the adapter file `path` as `name`. keep(transformer tensor name): False drops a tensor (another
+    PipeFusion stage's block). Returns False when nothing of it is held here (every tensor another stage's).
+    A failed load leaves the pipeline as it was (no half-applied adapter) and raises ConfigError naming the file."""
+    check_pipeline_takes_lora(pipe)
+    try:
+        state = pipe.lora_state_dict(path)  # converts kohya / xlabs formats where diffusers knows them
+        if isinstance(state, tuple):  # some mixins return (state, network_alphas, ...)
+            state = state[0]
+    except Exception as exc:  # diffusers raises ValueError, OSError, safetensors' own errors
+        raise ConfigError(f"--lora {path!r}: cannot read the adapter: {exc}") from None
+    if keep is not None:
+        state = {k: v for k, v in state.items()
+                 if not k.startswith(TRANSFORMER_PREFIX) or keep(k.removeprefix(TRANSFORMER_PREFIX))}
+    if not state:
+        return False
+    before = list_adapters(pipe)
+    try:
+        with _quiet_diffusers():
+            pipe.load_lora_weights(state, adapter_name=name)
+    except Exception as exc:
+        if name in list_adapters(pipe) and name not in before:
+            pipe.delete_adapters(name)  # the layers it injected go; the base weights were never touched
+        raise ConfigError(f"--lora {path!r}: diffusers could not load it into {type(pipe).__name__}: {exc}") from None
+    return True
+
+
+def list_adapters(pipe) -> set[str]:
+    """Every adapter name loaded into any of the pipeline's components."""
+    return {n for names in pipe.get_list_adapters().values() for n in names}
+
+
+def activate(pipe, loras: tuple[tuple[str, float], ...], held: set[str]) -> None:
+    """Makes exactly `loras` ((name, weight), loaded) active; () turns LoRA off (the base model's own output).
+    Names not held on this rank (another stage's blocks only) are left out here."""
+    here = [(n, w) for n, w in loras if n in held]
+    if not here:
+        if held:
+            pipe.disable_lora()
+        return
+    pipe.enable_lora()
+    pipe.set_adapters([n for n, _ in here], [w for _, w in here])
+
+
+def adapter_bytes(module) -> int:
+    """Bytes of LoRA parameters a module holds (benchmarks/lora.py: per PipeFusion stage)."""
+    return sum(p.numel() * p.element_size() for n, p in module.named_parameters() if ".lora_" in n)
+
+
+class _quiet_diffusers:
+    """diffusers warns for each component an adapter has no keys for (the text encoders), peft for every adapter
+    after the first; neither is news to a user who asked for several adapters."""
+
+    def __enter__(self):
+        self._logger = logging.getLogger("diffusers")
+        self._level = self._logger.level
+        self._logger.setLevel(logging.ERROR)
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.filterwarnings("ignore", message="Already found a `peft_config`")
+
+    def __exit__(self, *exc):
+        self._warnings.__exit__(*exc)
+        self._logger.setLevel(self._level)
