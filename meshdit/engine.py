@@ -182,7 +182,7 @@ class Engine:
                 for a, b in zip(offsets[:-1], offsets[1:])]
 
     def _load_adapters(self, fp8) -> None:
-        from .loading.lora import check_pipeline_takes_lora, load_adapter
+        from .loading.lora import check_pipeline_takes_lora, load_adapter, remove_adapters
 
         if fp8 is not None and fp8.gemm:
             raise ConfigError("--lora with --fp8-gemm: FP8 GEMMs replace the Linear layers an adapter runs beside; "
@@ -194,9 +194,13 @@ class Engine:
 
             keep = stage_keep(self.pipe.transformer, self.info.family.plan().stages, self.mesh.local_rank("pp"),
                               self.mesh.size("pp"))
-        for name, path in self.adapters.items():
-            if load_adapter(self.pipe, name, path, keep):
-                self._held.add(name)
+        try:
+            for name, path in self.adapters.items():
+                if load_adapter(self.pipe, name, path, keep):
+                    self._held.add(name)
+        except ConfigError:
+            remove_adapters(self.pipe, sorted(self._held))  # nothing half-applied: the pipeline as it was loaded
+            raise
         self._active = None  # diffusers leaves the last loaded adapter on: turn it off
         self._use_adapters(())
 

@@ -82,8 +82,11 @@ def read_header(path: str, flag: str = "--lora") -> dict[str, dict]:
         raise ConfigError(f"{flag} {path!r}: corrupt safetensors header (not a table of tensors)")
     header.pop("__metadata__", None)
     for name, meta in header.items():
-        if not isinstance(meta, dict) or not isinstance(meta.get("shape"), list):
+        if not isinstance(meta, dict) or not isinstance(meta.get("shape"), list) or \
+                not isinstance(meta.get("data_offsets"), list) or len(meta["data_offsets"]) != 2:
             raise ConfigError(f"{flag} {path!r}: corrupt safetensors header entry for tensor {name!r}")
+        if 8 + length + int(meta["data_offsets"][1]) > size:
+            raise ConfigError(f"{flag} {path!r}: truncated: tensor {name!r} ends past the end of the file")
     if not header:
         raise ConfigError(f"{flag} {path!r}: holds no tensor")
     return header

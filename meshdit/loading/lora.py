@@ -44,15 +44,45 @@ def load_adapter(pipe, name: str, path: str, keep: Callable[[str], bool] | None 
                  if not k.startswith(TRANSFORMER_PREFIX) or keep(k.removeprefix(TRANSFORMER_PREFIX))}
     if not state:
         return False
+    check_fits(pipe.transformer, state, path, keep)
     before = list_adapters(pipe)
     try:
         with _quiet_diffusers():
             pipe.load_lora_weights(state, adapter_name=name)
     except Exception as exc:
-        if name in list_adapters(pipe) and name not in before:
-            pipe.delete_adapters(name)  # the layers it injected go; the base weights were never touched
+        remove_adapters(pipe, [name] if name not in before else [])
         raise ConfigError(f"--lora {path!r}: diffusers could not load it into {type(pipe).__name__}: {exc}") from None
     return True
+
+
+def check_fits(transformer, state: dict, path: str, keep=None) -> None:
+    """Every transformer LoRA tensor (after diffusers' conversion) adapts a Linear layer of this model with its
+    sizes: lora_A [r, in], lora_B [out, r]. Another model's adapter is refused naming the file and tensor."""
+    modules = dict(transformer.named_modules())
+    for key, tensor in state.items():
+        if not key.startswith(TRANSFORMER_PREFIX) or not (".lora_A." in key or ".lora_B." in key):
+            continue
+        module_name, part = key.removeprefix(TRANSFORMER_PREFIX).split(".lora_", 1)
+        module = modules.get(module_name)
+        weight = getattr(module, "weight", None)
+        if module is None or weight is None or weight.dim() != 2:
+            raise ConfigError(f"--lora {path!r}: tensor {key!r} adapts {module_name!r}, which the model has no "
+                              "Linear layer of: this adapter was made for another model")
+        if tensor.dim() != 2 or (part.startswith("A") and tensor.shape[1] != weight.shape[1]) or \
+                (part.startswith("B") and tensor.shape[0] != weight.shape[0]):
+            raise ConfigError(f"--lora {path!r}: tensor {key!r} has shape {list(tensor.shape)}, which does not fit "
+                              f"{module_name!r} of shape {list(weight.shape)}: this adapter was made for another "
+                              "model")
+
+
+def remove_adapters(pipe, names: list[str]) -> None:
+    """Takes `names` out again; when no adapter is left, diffusers puts the model's own Linear layers back
+    (unload_lora_weights), so the pipeline is as loaded. The base weights are never touched."""
+    loaded = list_adapters(pipe)
+    if not loaded - set(names):
+        pipe.unload_lora_weights()
+    elif names:
+        pipe.delete_adapters([n for n in names if n in loaded])
 
 
 def list_adapters(pipe) -> set[str]:
