@@ -8,6 +8,15 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 MAX_PROMPT_CHARS = 2000  # longer prompts are refused before tokenizing; the tokenizer limit is checked after
 
 
+class LoraChoice(BaseModel):
+    """One adapter of the server's --lora-dir, by name, and its weight."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: StrictStr = Field(min_length=1, max_length=200)
+    weight: StrictFloat | StrictInt = Field(default=1.0, ge=-100, le=100)
+
+
 class ImageRequest(BaseModel):
     """POST /v1/images/generations and /v1/images/jobs."""
 
@@ -24,6 +33,7 @@ class ImageRequest(BaseModel):
     seed: StrictInt = Field(default=0, ge=0, le=2**63 - 1)
     guidance_scale: StrictFloat | StrictInt | None = Field(default=None, ge=0, le=100)
     negative_prompt: StrictStr | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
+    loras: list[LoraChoice] = Field(default_factory=list, max_length=16)  # adapters of --lora-dir, by name
 
     def dimensions(self, default: tuple[int, int]) -> tuple[int, int]:
         """(height, width)."""
