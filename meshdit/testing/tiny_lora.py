@@ -11,14 +11,15 @@ from .tiny_models import tiny_pipeline
 TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]  # attention projections every tiny DiT family names so
 
 
-def save_tiny_lora(pipeline_name: str, path: str, seed: int = 0, rank: int = 2, scale: float = 0.5) -> str:
-    """Writes an adapter for tiny_pipeline(pipeline_name) to `path` (a .safetensors file) and returns the path.
+def save_tiny_lora(pipeline, path: str, seed: int = 0, rank: int = 2, scale: float = 0.5) -> str:
+    """Writes an adapter for `pipeline` (a tiny_pipeline name, or a pipeline this call may spoil: adding an
+    adapter wraps its Linear layers) to `path` (a .safetensors file) and returns the path.
 
     lora_A and lora_B are random (scale x N(0, 1), from `seed`), so the adapter changes the image."""
     from peft import LoraConfig
     from peft.utils import get_peft_model_state_dict
 
-    pipe = tiny_pipeline(pipeline_name)  # its own copy: adding an adapter wraps the model's Linear layers
+    pipe = tiny_pipeline(pipeline) if isinstance(pipeline, str) else pipeline
     transformer = pipe.transformer
     transformer.add_adapter(LoraConfig(r=rank, lora_alpha=rank, target_modules=TARGETS), adapter_name="tiny")
     generator = torch.Generator().manual_seed(seed)
