@@ -7,6 +7,7 @@ from tests import sp_jobs
 
 SIZE = (36, 44)  # 9 x 11 image tokens: no degree divides them
 STEPS = 2
+FRAMES = 5  # video families: 2 latent frames
 
 
 def generate_with_loras(name: str, degrees: dict, adapters: dict, runs: list, prompts=None):
@@ -15,6 +16,8 @@ def generate_with_loras(name: str, degrees: dict, adapters: dict, runs: list, pr
     pipe = tiny_pipeline(name)
     pipe.set_progress_bar_config(disable=True)
     config, settings = split_layout(degrees)
+    if name.startswith("wan"):
+        settings["num_frames"] = FRAMES
     engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None, loras=adapters)
     try:
         held = adapter_bytes(pipe.transformer)
