@@ -14,6 +14,9 @@ import struct
 from .errors import ConfigError
 
 SUFFIX = ".safetensors"
+PIPELINES_WITHOUT_LORA_LOADER = frozenset({"PixArtSigmaPipeline", "PixArtAlphaPipeline", "HunyuanDiTPipeline",
+                                           "HunyuanVideo15Pipeline"})
+"""meshdit's pipeline classes that diffusers 0.42.1 gives no load_lora_weights (tests/lora: checked against it)."""
 PEFT_KEY_PARTS = (".lora_A.", ".lora_B.")
 
 
@@ -112,6 +115,13 @@ def model_linear_shapes(model: str) -> dict[str, tuple[int, ...]] | None:
         return shapes
     except (OSError, ValueError, KeyError, ConfigError):
         return None  # the model's own loading reports its files
+
+
+def check_pipeline_takes_lora(pipeline_class: str, flag: str = "--lora") -> None:
+    """Before ranks start: a family without diffusers' LoRA loader is refused (the engine checks diffusers too)."""
+    if pipeline_class in PIPELINES_WITHOUT_LORA_LOADER:
+        raise ConfigError(f"{flag}: diffusers has no LoRA loader for {pipeline_class}; drop {flag} for this model "
+                          "(docs/lora.md lists the families that take one)")
 
 
 def check_adapter_file(path: str, model: str | None = None, flag: str = "--lora") -> None:

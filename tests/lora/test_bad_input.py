@@ -76,3 +76,17 @@ def test_unknown_adapter_and_mixed_batches_are_refused(files):
         engine.generate(GenerateRequest(**REQUEST, loras=(("nope", 1.0),)))
     with pytest.raises(ConfigError, match="same LoRA adapters"):
         engine.generate_many([GenerateRequest(**REQUEST, loras=(("good", 1.0),)), GenerateRequest(**REQUEST)])
+
+
+def test_families_without_a_loader_match_diffusers_and_are_refused_before_launch(tmp_path, files):
+    import diffusers
+
+    from meshdit.lora_files import PIPELINES_WITHOUT_LORA_LOADER
+    from meshdit.models.registry import FAMILIES
+
+    for family in FAMILIES:
+        for name in family.pipeline_classes:
+            assert hasattr(getattr(diffusers, name), "load_lora_weights") == (name not in PIPELINES_WITHOUT_LORA_LOADER)
+    tiny_pipeline("pixart-sigma").save_pretrained(tmp_path / "pixart")
+    with pytest.raises(ConfigError, match="no LoRA loader for PixArtSigmaPipeline"):
+        _prelaunch(str(tmp_path / "pixart"), files["good"])
