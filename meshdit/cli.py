@@ -43,8 +43,12 @@ def generate_settings(args):
     """(EngineSettings, ModelInfo, request with every value resolved), checked before any rank starts."""
     from .prelaunch import check_before_launch
 
+    from .lora_files import named_adapters
+
     engine = engine_settings_from_args(args)
-    info, request = check_before_launch(engine, requested(args))
+    request = requested(args)
+    engine.loras = tuple(named_adapters([path for path, _ in request.loras]).items())  # --lora's files load at start
+    info, request = check_before_launch(engine, request)
     return engine, info, request
 
 

@@ -12,6 +12,7 @@ from enum import Enum
 from .errors import ConfigError
 from .cache.settings import CacheSettings
 from .flag_spec import flag_specs, flagged
+from .lora_files import parse_lora_flag
 
 
 class MeshAxis(str, Enum):
@@ -209,6 +210,12 @@ class GenerateRequest:
         help="image-to-video models: the first frame to animate, an image file (default: none)")
     cache: CacheSettings = field(default_factory=CacheSettings)
     """Step caching (`--cache` and its options: meshdit/cache/settings.py); off by default."""
+    loras: tuple = flagged(
+        (), flag="lora", action="append", type=parse_lora_flag, metavar="PATH[:WEIGHT]", cli_default=None,
+        to_field=lambda given: tuple(given or ()),
+        help="a LoRA adapter (diffusers' .safetensors file) and its weight (default 1.0); repeatable: the adapters "
+             "add up (default: none; docs/lora.md)")
+    """((adapter name or file, weight), ...): the LoRA adapters this request runs with (the engine loaded them)."""
     extra: dict = field(default_factory=dict)
     """Extra keyword arguments for the pipeline family's recipe (e.g. max_sequence_length)."""
 
@@ -241,6 +248,10 @@ class GenerateRequest:
     def validate(self) -> None:
         """Range checks that need no model; each message names the flag and the fix."""
         _check_texts("--prompt", self.prompts, allow_empty=False)
+        for entry in self.loras:
+            if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], str)
+                    and isinstance(entry[1], (int, float)) and math.isfinite(entry[1])):
+                raise ConfigError(f"--lora: each adapter is (name or file, finite weight), got {entry!r}")
         if self.negative_prompt is not None:
             _check_texts("--negative-prompt", [self.negative_prompt], allow_empty=True)
         _check_int("--steps", self.num_inference_steps, 1, None, "e.g. --steps 20")

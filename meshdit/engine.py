@@ -13,6 +13,7 @@ import torch
 from .config import GenerateRequest, ParallelConfig
 from .engine_settings import EngineSettings
 from .errors import ConfigError
+from .lora_files import named_adapters
 from .distributed.mesh import ParallelMesh, SingleProcessMesh
 from .loading.options import LoadOptions
 from .models.info import ModelInfo
@@ -54,7 +55,9 @@ class Engine:
     request: the ranks cooperate on each transformer call.
     """
 
-    def __init__(self, pipe, mesh: ParallelMesh | None = None, vae: VaeDecodeSettings | None = None, fp8=None) -> None:
+    def __init__(self, pipe, mesh: ParallelMesh | None = None, vae: VaeDecodeSettings | None = None, fp8=None,
+                 loras: dict[str, str] | None = None) -> None:
+        """loras: LoRA adapters to load, name -> file (requests choose among them: GenerateRequest.loras)."""
         self.pipe = pipe
         self.mesh = mesh if mesh is not None else SingleProcessMesh(pipe.transformer.device)
         self.vae = vae or VaeDecodeSettings()
@@ -62,6 +65,11 @@ class Engine:
         self.info = ModelInfo.from_pipeline(pipe)
         self.recipe = self.info.make_recipe(pipe)
         self.info.check_layout(self.mesh.config)  # the CLI's ConfigError, before any hook is installed
+        self.adapters = dict(loras or {})  # name -> file
+        self._held: set[str] = set()  # the adapters with tensors on this rank (PipeFusion: this stage's blocks)
+        self._active: tuple = ()  # the (name, weight) pairs now set
+        if self.adapters:  # before any hook: a hook on a Linear layer must see its adapted output
+            self._load_adapters(fp8)
         self._parallel = parallelize(pipe, self.info.family.plan(), self.mesh, fp8)
         self._vocabulary = PromptVocabulary.of_model(self.info.source)  # None unless the folder ships one
         self._warned_words: set[str] = set()
@@ -69,13 +77,14 @@ class Engine:
     @classmethod
     def from_pretrained(cls, model: str | None = None, mesh: ParallelMesh | None = None, torch_dtype=None,
                         vae: VaeDecodeSettings | None = None, show_progress: bool = False,
-                        loading=None, fp8=None, device=None, verbose: bool = False) -> "Engine":
+                        loading=None, fp8=None, device=None, verbose: bool = False, loras=()) -> "Engine":
         """`model`: a pipeline folder or Hub id; None: meshdit's bundled model (with its own size, steps and
         guidance as request defaults). Loading progress bars show only with show_progress=True.
         `loading`: LoadOptions (memory-efficient load, text-encoder placement); `fp8`: Fp8Config.
         `device` (no mesh only): e.g. "cpu" or "cuda:1"; unset, a visible GPU, else the CPU (engine_device);
         `engine.device` and each GenerateResult.device say which. Unless verbose, library warnings stay quiet
-        as in `meshdit generate`. A model that is not there is one ConfigError naming it, agreed over the mesh.
+        as in `meshdit generate`. `loras`: LoRA adapter files to load (requests name them by file stem or path).
+        A model that is not there is one ConfigError naming it, agreed over the mesh.
         The same as `from_settings(EngineSettings(...), mesh)`, which the CLI's ranks call."""
         if model is None:
             from .default_model import weights_path
@@ -84,6 +93,7 @@ class Engine:
         settings = EngineSettings(model, mesh.config if mesh is not None else ParallelConfig(),
                                   EngineSettings.dtype_name(torch_dtype), vae or VaeDecodeSettings(),
                                   loading or LoadOptions(), fp8, verbose)
+        settings.loras = tuple(named_adapters(list(loras)).items())
         return cls.from_settings(settings, mesh, device, show_progress or verbose)
 
     @classmethod
@@ -109,7 +119,7 @@ class Engine:
                                  vae_here=vae_here,
                                  # under tp the shards are quantized after the split (combine/parallelize)
                                  fp8_gemm=fp8 is not None and fp8.gemm and settings.config.tensor_parallel_degree == 1)
-        return cls(pipe, mesh, settings.vae, fp8)
+        return cls(pipe, mesh, settings.vae, fp8, dict(settings.loras))
 
     @property
     def device(self) -> torch.device:
@@ -148,11 +158,15 @@ class Engine:
         if len({r.pipefusion_settings(self.mesh.config) for r in requests}) > 1:
             raise ConfigError("requests in one batch must share PipeFusion's --warmup-steps, --num-pipeline-patch "
                               "and --no-kv-drift-correction")
+        loras = {self._adapters_of(r) for r in requests}
+        if len(loras) > 1:
+            raise ConfigError("requests in one batch must use the same LoRA adapters and weights (--lora)")
         if len(requests) > 1 and self.info.draws_noise_each_step:
             raise ConfigError(f"this model's {self.info.scheduler_class} draws noise from each request's generator in "
                               "every step, so requests cannot share a batch: generate them one at a time")
         for request in requests:
             self.info.check_request(self.mesh.config, request, num_images=total)
+        self._use_adapters(loras.pop())
         parallel, seconds, start = self._parallel, {}, time.perf_counter()
         # Noise is drawn on the CPU from the seed, so every rank and every layout starts from the same latents.
         states = [self.recipe.prepare(r, torch.Generator("cpu").manual_seed(r.seed), self.mesh.device)
@@ -176,6 +190,52 @@ class Engine:
         return [GenerateResult(images[a:b], dict(seconds), str(self.mesh.device),
                                None if report is None else report.of_images(range(a, b)))
                 for a, b in zip(offsets[:-1], offsets[1:])]
+
+    def _load_adapters(self, fp8) -> None:
+        from .loading.lora import check_pipeline_takes_lora, load_adapter, remove_adapters
+
+        if fp8 is not None and fp8.gemm:
+            raise ConfigError("--lora with --fp8-gemm: FP8 GEMMs replace the Linear layers an adapter runs beside; "
+                              "drop one of them (docs/lora.md)")
+        check_pipeline_takes_lora(self.pipe)
+        keep = None
+        if self.mesh.config.pipefusion_parallel_degree > 1:  # this stage's blocks only
+            from .loading.stages import stage_keep
+
+            keep = stage_keep(self.pipe.transformer, self.info.family.plan().stages, self.mesh.local_rank("pp"),
+                              self.mesh.size("pp"))
+        try:
+            for name, path in self.adapters.items():
+                if load_adapter(self.pipe, name, path, keep):
+                    self._held.add(name)
+        except ConfigError:
+            remove_adapters(self.pipe, sorted(self._held))  # nothing half-applied: the pipeline as it was loaded
+            raise
+        self._active = None  # diffusers leaves the last loaded adapter on: turn it off
+        self._use_adapters(())
+
+    def _adapters_of(self, request: GenerateRequest) -> tuple:
+        """The request's ((adapter name, weight), ...), each named by name or by the file it was loaded from."""
+        import os
+
+        names = []
+        for name_or_path, weight in request.loras:
+            name = name_or_path if name_or_path in self.adapters else next(
+                (n for n, p in self.adapters.items() if os.path.abspath(p) == os.path.abspath(name_or_path)), None)
+            if name is None:
+                loaded = ", ".join(self.adapters) or "none"
+                raise ConfigError(f"LoRA adapter {name_or_path!r} is not loaded (loaded: {loaded}); load it when "
+                                  "the engine is built (--lora, --lora-dir, Engine.from_pretrained(loras=...))")
+            names.append((name, float(weight)))
+        return tuple(names)
+
+    def _use_adapters(self, loras: tuple) -> None:
+        """Switches the pipeline to `loras` (set_adapters: no reload) unless they are already set."""
+        if loras != self._active and self.adapters:
+            from .loading.lora import activate
+
+            activate(self.pipe, loras, self._held)
+        self._active = loras
 
     def _warn_unknown_words(self, prompts: list[str]) -> None:
         """UnknownWordsWarning once per word (on the output rank), for models that ship vocabulary.json."""

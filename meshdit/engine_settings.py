@@ -33,6 +33,9 @@ class EngineSettings:
     """None (or a config with every option off): no FP8."""
     verbose: bool = False
     """Library logs and loading progress bars."""
+    loras: tuple[tuple[str, str], ...] = ()
+    """LoRA adapters every rank loads when the engine is built, (name, file): generate's --lora files, serve's
+    --lora-dir; requests choose among them (GenerateRequest.loras)."""
 
     def validate(self) -> None:
         """The settings' own ranges (no model needed); ConfigError naming the flag. prelaunch adds the model's."""
@@ -42,6 +45,9 @@ class EngineSettings:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.fp8 is not None:
             self.fp8.validate(self.config.pipefusion_parallel_degree)
+        if self.loras and self.fp8 is not None and self.fp8.gemm:
+            raise ConfigError("--lora with --fp8-gemm: FP8 GEMMs replace the Linear layers an adapter runs beside; "
+                              "drop one of them (docs/lora.md)")
 
     def torch_dtype(self):
         """The torch dtype of `dtype` (None stays None: the device decides). Imports torch."""

@@ -17,6 +17,7 @@ def check_before_launch(engine: EngineSettings, request: GenerateRequest,
     num_images: the images of the batch the request runs in (serve: its smallest allowed batch)."""
     from .distributed.launch import check_torchrun_world
     from .models.info import ModelInfo
+    from .lora_files import check_adapter_file, check_pipeline_takes_lora
     from .vae.settings import check_vae_of_model
 
     config = engine.config
@@ -28,6 +29,10 @@ def check_before_launch(engine: EngineSettings, request: GenerateRequest,
         check_fp8_gemm(pick_device())
     request.validate()  # value ranges first: they need no model
     info = ModelInfo.from_pretrained(engine.model)
+    if engine.loras:  # the family, then the files and their headers against the model's weights (no torch)
+        check_pipeline_takes_lora(info.pipeline_class)
+    for _, path in engine.loras:
+        check_adapter_file(path, engine.model)
     request = request.with_defaults(info.request_defaults())
     info.check_request(config, request, num_images)
     check_vae_of_model(engine.model, engine.vae, request.height, request.width)

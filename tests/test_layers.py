@@ -26,7 +26,7 @@ PACKAGE = ROOT / "meshdit"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("errors", "lazy", "logs", "flag_spec", "memory", "output", "preflight", "prompt_vocabulary",
                     "default_model", "phases")),
-    ("settings", ("config", "config_files", "flags", "models.registry", "models.info", "vae.settings",
+    ("settings", ("config", "config_files", "lora_files", "flags", "models.registry", "models.info", "vae.settings",
                   "quant.settings", "loading.options", "engine_settings",
                   "request_cost", "cache.settings")),
     ("distributed", ("distributed", "rank_errors")),

@@ -81,8 +81,10 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
+        adapters = [{"id": name, "object": "model", "created": 0, "owned_by": "meshdit", "parent": state.model_id,
+                     "type": "lora"} for name in state.adapters]  # what a request's `loras` may name
         return {"object": "list", "data": [{"id": state.model_id, "object": "model", "created": 0,
-                                            "owned_by": "meshdit"}]}
+                                            "owned_by": "meshdit"}, *adapters]}
 
     async def submit(request: Request, pinned: bool = False) -> Job | JSONResponse:
         if state.draining:

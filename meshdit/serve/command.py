@@ -23,6 +23,7 @@ GENERATE_ONLY = {
     "num_frames": "video models only, and serve answers image requests",
     "fps": "video models only, and serve answers image requests",
     "image": "image-to-video models only, and serve answers image requests",
+    "lora": "per request: the request's `loras`, among the adapters of --lora-dir",
 }
 LOOPBACK_NAMES = ("localhost",)
 
@@ -52,6 +53,9 @@ def add_serve_parser(commands) -> argparse.ArgumentParser:
     group.add_argument("--max-images", type=int, default=4, help="largest n per request (default: 4)")
     group.add_argument("--request-timeout", type=float, default=600.0, help="seconds a job may run (default: 600)")
     group.add_argument("--queue-timeout", type=float, default=600.0, help="seconds a job may wait in the queue (default: 600)")
+    group.add_argument("--lora-dir", default=None, metavar="DIR",
+                       help="LoRA adapters every rank loads at start: each *.safetensors file in DIR, named by its "
+                            "file stem; requests choose them by name in `loras` (default: none; docs/lora.md)")
     add_limit_flags(serve)  # body size, result store, drain grace (serve/limits.py)
     return serve
 
@@ -70,6 +74,10 @@ def serve_settings(args, check_port: bool = False):
     api_key = args.api_key or os.environ.get("MESHDIT_API_KEY") or None
     check_exposure(args.host, api_key, args.allow_unauthenticated)
     engine = engine_settings_from_args(args)
+    if args.lora_dir is not None:
+        from ..lora_files import adapters_in_dir
+
+        engine.loras = tuple(adapters_in_dir(args.lora_dir).items())  # checked with the model just below
     # The smallest batch a request may make: one image per data-parallel group.
     info, request = check_before_launch(engine, request_from_args(args, ["-"]),
                                         num_images=max(engine.config.data_parallel_degree, 1))

@@ -23,6 +23,15 @@ class CacheBody(BaseModel):
     taylorseer: Literal[1, 2] | None = None
 
 
+class LoraChoice(BaseModel):
+    """One adapter of the server's --lora-dir, by name, and its weight."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: StrictStr = Field(min_length=1, max_length=200)
+    weight: StrictFloat | StrictInt = Field(default=1.0, ge=-100, le=100)
+
+
 class ImageRequest(BaseModel):
     """POST /v1/images/generations and /v1/images/jobs."""
 
@@ -40,6 +49,7 @@ class ImageRequest(BaseModel):
     guidance_scale: StrictFloat | StrictInt | None = Field(default=None, ge=0, le=100)
     negative_prompt: StrictStr | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
     cache: CacheBody | None = None  # step caching (docs/caching.md); none: every block at every step
+    loras: list[LoraChoice] = Field(default_factory=list, max_length=16)  # adapters of --lora-dir, by name
 
     def dimensions(self, default: tuple[int, int]) -> tuple[int, int]:
         """(height, width)."""

@@ -96,6 +96,22 @@ class ServerState:
                            if getattr(pipe, n, None) is not None]
         self.ready = True
 
+    @property
+    def adapters(self) -> list[str]:
+        """The LoRA adapters requests may name (serve's --lora-dir)."""
+        return [name for name, _ in self.settings.engine.loras]
+
+    def _loras(self, body: ImageRequest) -> tuple:
+        """((name, weight), ...) of the request; an adapter this server does not hold is a 400 naming it."""
+        for choice in body.loras:
+            if choice.name not in self.adapters:
+                have = ", ".join(self.adapters) or "none (start it with --lora-dir)"
+                raise BadRequest("loras", f"loras: this server has no LoRA adapter named {choice.name!r}; it has: "
+                                          f"{have}")
+        if len({c.name for c in body.loras}) < len(body.loras):
+            raise BadRequest("loras", "loras: an adapter is named twice")
+        return tuple((c.name, float(c.weight)) for c in body.loras)
+
     def defaults(self) -> dict:
         """What a request leaves unset becomes (the web page prefills these)."""
         r = self.settings.request
@@ -122,10 +138,11 @@ class ServerState:
             raise BadRequest("negative_prompt", "negative_prompt is unused by this model at this guidance_scale "
                                                 "(no classifier-free guidance): remove it")
         steps = body.steps or defaults.num_inference_steps
+        loras = self._loras(body)
         request = dataclasses.replace(defaults, prompt=body.prompt, negative_prompt=body.negative_prompt,
                                       height=height, width=width, num_inference_steps=steps, guidance_scale=scale,
                                       seed=body.seed, num_images_per_prompt=body.n, extra=dict(defaults.extra),
-                                      cache=self._cache_settings(body, defaults.cache))
+                                      cache=self._cache_settings(body, defaults.cache), loras=loras)
         cache = request.cache
         try:
             self.info.check_cache(s.config, request)
@@ -139,7 +156,8 @@ class ServerState:
         self._check_prompt_length("prompt", body.prompt)
         if body.negative_prompt:
             self._check_prompt_length("negative_prompt", body.negative_prompt)
-        key = (height, width, steps, scale, body.negative_prompt is None, cache)  # other caches: other batches
+        # other caches or adapters: other batches
+        key = (height, width, steps, scale, body.negative_prompt is None, cache, loras)
         if self.info.draws_noise_each_step:  # each request keeps its own generator: it never shares a batch
             key += (id(request),)
         return Job(request, key, body.n, steps)

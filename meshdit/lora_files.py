@@ -1,0 +1,147 @@
+"""LoRA adapter files, checked before any rank starts (no torch): --lora PATH[:WEIGHT], --lora-dir, and each file's
+safetensors header against the model's transformer weights (docs/lora.md).
+
+The header check covers diffusers' own (PEFT) format, `transformer.<module>.lora_A.weight` [r, in] and
+`...lora_B.weight` [out, r]: the module must be a Linear of the model with that many inputs and outputs. Other
+formats (kohya, xlabs) are converted by diffusers when the adapter loads, and checked there.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+from .errors import ConfigError
+
+SUFFIX = ".safetensors"
+PIPELINES_WITHOUT_LORA_LOADER = frozenset({"PixArtSigmaPipeline", "PixArtAlphaPipeline", "HunyuanDiTPipeline",
+                                           "HunyuanVideo15Pipeline"})
+"""meshdit's pipeline classes that diffusers 0.42.1 gives no load_lora_weights (tests/lora: checked against it)."""
+PEFT_KEY_PARTS = (".lora_A.", ".lora_B.")
+
+
+def parse_lora_flag(text: str) -> tuple[str, float]:
+    """'PATH[:WEIGHT]' -> (PATH, WEIGHT); weight 1.0 when none is given (a path may itself hold ':')."""
+    path, sep, weight = text.rpartition(":")
+    if sep and path:
+        try:
+            value = float(weight)
+        except ValueError:
+            return text, 1.0
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ConfigError(f"--lora {text!r}: the weight after ':' must be a finite number")
+        return path, value
+    return text, 1.0
+
+
+def adapter_name(path: str) -> str:
+    """An adapter's name: its file's stem (what serve lists in /v1/models and requests name)."""
+    return os.path.basename(path).removesuffix(SUFFIX)
+
+
+def adapters_in_dir(folder: str) -> dict[str, str]:
+    """--lora-dir: name -> path of every *.safetensors file in `folder`, sorted by name."""
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--lora-dir {folder!r} is not a folder; give a folder of *.safetensors LoRA files")
+    names = sorted(f for f in os.listdir(folder) if f.endswith(SUFFIX))
+    if not names:
+        raise ConfigError(f"--lora-dir {folder!r} holds no *.safetensors LoRA file")
+    return {adapter_name(f): os.path.join(folder, f) for f in names}
+
+
+def named_adapters(paths: list[str]) -> dict[str, str]:
+    """name -> path for --lora's files: each named by its stem; two files of one stem is refused."""
+    named: dict[str, str] = {}
+    for path in paths:
+        name = adapter_name(path)
+        if name in named and os.path.abspath(named[name]) != os.path.abspath(path):
+            raise ConfigError(f"--lora {path!r} and {named[name]!r} have the same name {name!r}: rename one file")
+        named[name] = path
+    return named
+
+
+def read_header(path: str, flag: str = "--lora") -> dict[str, dict]:
+    """The safetensors header of an adapter file: tensor name -> {dtype, shape, data_offsets}."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"{flag} {path!r}: no such file; give a LoRA .safetensors file")
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ConfigError(f"{flag} {path!r}: not a safetensors file (shorter than its 8-byte header length)")
+            (length,) = struct.unpack("<Q", head)
+            if length > size - 8:
+                raise ConfigError(f"{flag} {path!r}: corrupt or truncated safetensors file (header of {length} "
+                                  f"bytes, file of {size})")
+            header = json.loads(f.read(length))
+    except ConfigError:
+        raise
+    except OSError as exc:
+        raise ConfigError(f"{flag} {path!r}: cannot read it: {exc}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{flag} {path!r}: corrupt safetensors header ({exc})") from None
+    if not isinstance(header, dict):
+        raise ConfigError(f"{flag} {path!r}: corrupt safetensors header (not a table of tensors)")
+    header.pop("__metadata__", None)
+    for name, meta in header.items():
+        if not isinstance(meta, dict) or not isinstance(meta.get("shape"), list) or \
+                not isinstance(meta.get("data_offsets"), list) or len(meta["data_offsets"]) != 2:
+            raise ConfigError(f"{flag} {path!r}: corrupt safetensors header entry for tensor {name!r}")
+        if 8 + length + int(meta["data_offsets"][1]) > size:
+            raise ConfigError(f"{flag} {path!r}: truncated: tensor {name!r} ends past the end of the file")
+    if not header:
+        raise ConfigError(f"{flag} {path!r}: holds no tensor")
+    return header
+
+
+def model_linear_shapes(model: str) -> dict[str, tuple[int, ...]] | None:
+    """The model's transformer weights' shapes from their safetensors headers (a local folder only; None for a
+    Hub id or a folder without safetensors weights: the adapter is then checked when it loads)."""
+    folder = os.path.join(model, "transformer")
+    index = os.path.join(folder, "diffusion_pytorch_model.safetensors.index.json")
+    try:
+        if os.path.exists(index):
+            with open(index) as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        elif os.path.exists(os.path.join(folder, "diffusion_pytorch_model.safetensors")):
+            files = ["diffusion_pytorch_model.safetensors"]
+        else:
+            return None
+        shapes = {}
+        for name in files:
+            for tensor, meta in read_header(os.path.join(folder, name), "the model's").items():
+                shapes[tensor] = tuple(meta["shape"])
+        return shapes
+    except (OSError, ValueError, KeyError, ConfigError):
+        return None  # the model's own loading reports its files
+
+
+def check_pipeline_takes_lora(pipeline_class: str, flag: str = "--lora") -> None:
+    """Before ranks start: a family without diffusers' LoRA loader is refused (the engine checks diffusers too)."""
+    if pipeline_class in PIPELINES_WITHOUT_LORA_LOADER:
+        raise ConfigError(f"{flag}: diffusers has no LoRA loader for {pipeline_class}; drop {flag} for this model "
+                          "(docs/lora.md lists the families that take one)")
+
+
+def check_adapter_file(path: str, model: str | None = None, flag: str = "--lora") -> None:
+    """The file exists and has a readable header; its diffusers-format transformer tensors name Linear layers the
+    model has, with matching sizes (when the model is a local folder). ConfigError naming the file and tensor."""
+    header = read_header(path, flag)
+    shapes = model_linear_shapes(model) if model is not None else None
+    if shapes is None:
+        return
+    for tensor, meta in header.items():
+        if not tensor.startswith("transformer.") or not any(p in tensor for p in PEFT_KEY_PARTS):
+            continue
+        module, part = tensor.removeprefix("transformer.").split(".lora_", 1)
+        weight = shapes.get(module + ".weight")
+        shape = tuple(meta["shape"])
+        if weight is None or len(weight) != 2:
+            raise ConfigError(f"{flag} {path!r}: tensor {tensor!r} adapts {module!r}, which the model {model!r} "
+                              "has no Linear layer of: this adapter was made for another model")
+        if len(shape) != 2 or (part.startswith("A") and shape[1] != weight[1]) or \
+                (part.startswith("B") and shape[0] != weight[0]):
+            raise ConfigError(f"{flag} {path!r}: tensor {tensor!r} has shape {list(shape)}, which does not fit "
+                              f"{module!r} of shape {list(weight)} in {model!r}: this adapter was made for "
+                              "another model")
