@@ -34,6 +34,13 @@ def request(name: str, height: int, width: int, seed: int = 3, steps: int = 2, p
                            guidance_scale=tests.guidance, num_images_per_prompt=per_prompt, extra=extra, **settings)
 
 
+def image_test_size(name: str, height: int, width: int) -> tuple[int, int]:
+    """An image test's size (written for 4-pixel tokens) for pipeline `name`: a video family's tokens are 16
+    pixels wide, so it gets 4 x the size, the same token grid per frame (request() then scales as for any name)."""
+    video = family_for_pipeline(type(pipeline(name)).__name__).is_video
+    return (4 * height, 4 * width) if video else (height, width)
+
+
 def _fixed_text_length(name: str) -> bool:
     """The family takes no --max-sequence-length (HunyuanDiT: its transformer's text length is fixed)."""
     return family_for_pipeline(type(pipeline(name)).__name__).is_text_length_fixed(pipeline(name).transformer.config)

@@ -10,7 +10,6 @@ from meshdit.testing.rank_pool import mesh_for, split_layout
 from tests import sp_jobs
 
 SIZE = (36, 44)  # 9 x 11 = 99 image tokens: uneven over 2 and 4 ranks
-VIDEO_SCALE = 4  # video tokens are 16 pixels wide, image tokens 4: the same 9 x 11 token grid per frame
 STEPS = 6
 
 
@@ -32,8 +31,7 @@ def generate_cached(name: str, degrees: dict, cache: dict | None, prompts=None, 
     if rule == "averaged":
         step_cache.relative_change = signal.averaged_means_change
     try:
-        size = [VIDEO_SCALE * side for side in SIZE] if engine.info.is_video else SIZE
-        request = sp_jobs.request(name, *size, steps=STEPS, prompts=prompts,
+        request = sp_jobs.request(name, *sp_jobs.image_test_size(name, *SIZE), steps=STEPS, prompts=prompts,
                                   cache=CacheSettings(**cache) if cache else CacheSettings(), **settings)
         result = engine.generate(request)
         return result.images, None if result.cache is None else dict(result.cache.masks)

@@ -21,7 +21,8 @@ def generate_with_loras(name: str, degrees: dict, adapters: dict, runs: list, pr
     engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None, loras=adapters)
     try:
         held = adapter_bytes(pipe.transformer)
-        images = [engine.generate(sp_jobs.request(name, *SIZE, steps=STEPS, prompts=prompts, loras=loras,
+        size = sp_jobs.image_test_size(name, *SIZE)
+        images = [engine.generate(sp_jobs.request(name, *size, steps=STEPS, prompts=prompts, loras=loras,
                                                   **settings)).images for loras in runs]
     finally:
         engine.close()
