@@ -4,7 +4,7 @@
 
 First its cost: one attention call's time against the correction's (copy the patch's last values, shift the
 later patches' values), one thread, at the bundled model's sizes and FLUX.1-dev's. Then the layouts and
-sizes of tests/test_pipefusion.py (1 warmup step of 4; PipeFusion 2 with 3 patches, 4 with 4, 2 x ulysses 2,
+sizes of tests/parallel/test_pipefusion.py (1 warmup step of 4; PipeFusion 2 with 3 patches, 4 with 4, 2 x ulysses 2,
 2 x ring 2) on a pool of gloo ranks; prints the PSNR of each image against the serial one with the
 correction off (`--no-kv-drift-correction`, PipeFusion as published) and on (the default).
 """
@@ -49,8 +49,8 @@ def print_cost() -> None:
 
 def main() -> None:
     from meshdit.testing.rank_pool import close_all_pools, get_pool, split_layout
-    from tests import sp_jobs
-    from tests.test_pipefusion import FAMILIES_4, ONE_WARMUP_LAYOUTS, SIZE, STEPS, psnr, reference
+    from tests.parallel import sp_jobs
+    from tests.parallel.test_pipefusion import FAMILIES_4, ONE_WARMUP_LAYOUTS, SIZE, STEPS, psnr, reference
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--names", nargs="+", default=FAMILIES_4)

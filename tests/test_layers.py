@@ -248,3 +248,11 @@ def test_a_module_without_a_layer_is_reported(tmp_path):
     (copy / "newpackage" / "__init__.py").write_text("")
     problems = layer_violations(copy)
     assert problems and all("newpackage" in p and "has no layer" in p for p in problems), problems
+
+
+def test_test_folders_mirror_the_subpackages():
+    """tests/ mirrors meshdit/: a folder of tests is named after the subpackage it tests (tests of top-level
+    modules stay at the top), so a new subpackage's tests have one obvious place."""
+    subpackages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    folders = {p.name for p in (PACKAGE.parent / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    assert folders <= subpackages, f"tests/ folders with no meshdit/ subpackage: {sorted(folders - subpackages)}"

@@ -22,7 +22,7 @@ from ..parallel.plan import LOCAL, OUTPUT, BlockList, Gather, ModelPlan, Sequenc
 # The tokens are sharded where the model takes them, the rotary table (cos, sin), each [B, S, D], where the
 # rope module returns it (the rope builds the whole grid from the ints, so it needs no split input), as
 # diffusers' _cp_plan does. Text stays whole on every rank (attn2 is cross-attention: LOCAL), so its tokens
-# and padding mask are not split, unlike the _cp_plan's (tests/test_diffusers_guard.py: NOT_SPLIT).
+# and padding mask are not split, unlike the _cp_plan's (tests/models/test_diffusers_guard.py: NOT_SPLIT).
 PLAN = ModelPlan(
     SequencePlan(
         splits=(

@@ -8,7 +8,7 @@ attention module's `heads` is set to its local count, so the diffusers processor
 with torch's SDPA (or, under Ulysses, the all-to-all runs over the local heads).
 
 Which Linears: the family's TensorPlan, else the transformer's own diffusers `_tp_plan` (read here, so the two
-name the same layers: tests/test_diffusers_guard.py) with the family's GATHERED modulation added. Only the blocks
+name the same layers: tests/models/test_diffusers_guard.py) with the family's GATHERED modulation added. Only the blocks
 of the stage plan's block lists are split; embeddings and the final projection stay whole on every rank. A
 GATHERED Linear (adaLN modulation) keeps its share of the output features and all-gathers its output; an
 ACROSS_HEADS RMSNorm (Wan's Q/K norm) keeps its share of the weight and all-reduces its sums of squares.

@@ -17,7 +17,7 @@ from meshdit.models.pixart import PLAN
 from meshdit.parallel.plan import NotSdpa
 from meshdit.testing.rank_pool import mesh_for, split_layout
 from meshdit.testing.tiny_models import tiny_pipeline
-from tests.sp_jobs import request
+from tests.parallel.sp_jobs import request
 
 NAME = "pixart-sigma"
 

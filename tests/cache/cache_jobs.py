@@ -7,7 +7,7 @@ from meshdit.cache import CacheSettings
 from meshdit.cache import signal, step_cache
 from meshdit.engine import Engine
 from meshdit.testing.rank_pool import mesh_for, split_layout
-from tests import sp_jobs
+from tests.parallel import sp_jobs
 
 SIZE = (36, 44)  # 9 x 11 = 99 image tokens: uneven over 2 and 4 ranks
 STEPS = 6

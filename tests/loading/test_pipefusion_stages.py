@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from tests.loading import jobs
-from tests.sp_jobs import generate_fresh
+from tests.parallel.sp_jobs import generate_fresh
 
 
 @pytest.mark.parametrize("transport", ["shared", "broadcast"])
@@ -12,6 +12,6 @@ def test_pipefusion4_peak_parameter_bytes_within_stage(run_ranks, flux_folder, t
     images = [image for *_, image in results]
     for rank, (peak, bound, whole, _) in enumerate(results):
         assert 0 < peak <= bound < whole, f"rank {rank}: peak {peak}, stage bound {bound}, whole model {whole}"
-    # The stages agree on the image (full warmup: exact, as tests/test_pipefusion.py checks against serial).
+    # The stages agree on the image (full warmup: exact, as tests/parallel/test_pipefusion.py checks against serial).
     for rank, image in enumerate(images[1:], 1):
         assert np.array_equal(image, images[0]), f"rank {rank}"

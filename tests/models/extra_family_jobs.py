@@ -88,7 +88,7 @@ class registered:
 
     def __exit__(self, *exc):
         from meshdit.models import registry
-        from tests import sp_jobs
+        from tests.parallel import sp_jobs
 
         registry.FAMILIES = self.families
         sys.path.remove(self.root)
@@ -102,7 +102,7 @@ def generate(root: str, ring: int, ulysses: int, height: int, width: int):
     """sp_jobs.generate on the extra family: (family the engine resolved, whether its recipe is the package's,
     transformer output, image)."""
     from meshdit.models.registry import family_for_pipeline
-    from tests import sp_jobs
+    from tests.parallel import sp_jobs
 
     assert os.path.isdir(os.path.join(root, PACKAGE))
     with registered(root):

@@ -1,5 +1,5 @@
 """Pipeline __call__ arguments without a flag of their own: `--extra KEY=JSON` (GenerateRequest.extra), each
-family's keys only, refused before ranks start otherwise. The results with them: tests/test_diffusers_guard.py
+family's keys only, refused before ranks start otherwise. The results with them: tests/models/test_diffusers_guard.py
 (HunyuanVideo's prompt_template, LTX's decode_timestep)."""
 import inspect
 import subprocess

@@ -11,7 +11,7 @@ from meshdit.loading import LoadOptions
 from meshdit.loading.entry import load_pipeline
 from meshdit.testing.rank_pool import mesh_for, split_layout
 from meshdit.testing.tiny_models import tiny_flux_pipeline, tiny_pipeline
-from tests import sp_jobs
+from tests.parallel import sp_jobs
 
 
 def fresh_pipeline(name: str):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from meshdit.testing.rank_pool import split_layout
-from tests import sp_jobs
+from tests.parallel import sp_jobs
 
 NAME = "hunyuandit-vae2-4blocks"
 SIZE = (20, 28)  # 5 x 7 = 35 image tokens (divides by no degree); the rotary grid is 20 // 16 x 28 // 16 = 1 x 1

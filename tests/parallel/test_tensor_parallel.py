@@ -92,7 +92,7 @@ def test_all_reduce_bytes_equal_the_formula(run_ranks, layout):
 def test_tp2_video_equals_serial(run_ranks, name):
     """CogVideoX (its TensorPlan, modulation gathered), Wan t2v and i2v (Q/K norms across heads, all-reduced) at
     9 frames of 3 x 5 tokens."""
-    from tests import video_jobs
+    from tests.models import video_jobs
 
     ref = video_jobs.generate(name, {}, fresh=True)
     results = run_ranks(2, video_jobs.generate, name, dict(tensor_parallel_degree=2), fresh=True)

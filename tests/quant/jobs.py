@@ -9,7 +9,7 @@ from meshdit.quant.settings import Fp8Config
 from meshdit.testing.rank_pool import mesh_for, split_layout
 from meshdit.testing.tiny_models import tiny_pipeline
 from meshdit.vae import VaeDecodeSettings
-from tests import sp_jobs
+from tests.parallel import sp_jobs
 
 SIZE = (36, 44)  # 9 x 11 image tokens: shards and patches of uneven size
 STEPS = 3

@@ -2,7 +2,7 @@
 
 Nothing changes where no buffer is kept (full warmup); with patch steps the buffers hold under a third
 of their float32 bytes and the guided predictions stay within a measured bound of the same layout with
-working-dtype buffers (the staleness itself is PipeFusion's own error, bounded in tests/test_pipefusion.py).
+working-dtype buffers (the staleness itself is PipeFusion's own error, bounded in tests/parallel/test_pipefusion.py).
 """
 import pytest
 import torch

@@ -6,7 +6,7 @@ from meshdit.engine import Engine
 from meshdit.denoising.loop import GenerationCancelled
 from meshdit.testing.rank_pool import mesh_for, split_layout
 from meshdit.testing.tiny_models import tiny_pipeline
-from tests.sp_jobs import pipeline
+from tests.parallel.sp_jobs import pipeline
 
 
 def request(seed: int, prompt: str = "a red cat", n: int = 1, steps: int = 3, **settings) -> GenerateRequest:

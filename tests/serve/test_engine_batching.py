@@ -55,7 +55,7 @@ def test_requests_of_a_noise_drawing_scheduler_never_share_a_batch():
     from meshdit.denoising.batching import concat_states
     from meshdit.errors import ConfigError
     from meshdit.models.info import ModelInfo
-    from tests.sp_jobs import pipeline, request
+    from tests.parallel.sp_jobs import pipeline, request
 
     engine = engine_jobs.Engine(pipeline("hunyuandit"))
     try:
@@ -79,7 +79,7 @@ def test_the_server_batches_requests_only_where_the_scheduler_draws_no_noise(nam
     from meshdit.engine_settings import EngineSettings
     from meshdit.serve.schemas import ImageRequest
     from meshdit.serve.server_state import ServerState, ServeSettings
-    from tests.sp_jobs import pipeline
+    from tests.parallel.sp_jobs import pipeline
 
     defaults = GenerateRequest(prompt="-", height=32, width=32, num_inference_steps=2, guidance_scale=3.0)
     state = ServerState(ServeSettings(EngineSettings(name), defaults))

@@ -7,7 +7,7 @@ holds, beside the family's plan and recipe in `meshdit.models.<family>`:
   weights in every process. Sizes are chosen so that the head count (4) allows Ulysses 4, while token counts at
   the test resolutions do not all divide by the degrees.
 - `TESTS`: a `TinyTests` naming which of them the parametrised tests run.
-- `GUARD_CASES`: {case: GuardCase}, tests/test_diffusers_guard.py's degree-1 runs against the plain pipeline.
+- `GUARD_CASES`: {case: GuardCase}, tests/models/test_diffusers_guard.py's degree-1 runs against the plain pipeline.
 
 `meshdit.testing.tiny_models` joins them over `FAMILIES` (`BUILDERS`, `tiny_pipeline(name)`).
 """
@@ -23,10 +23,10 @@ class TinyTests:
 
     main: str
     """The family's representative. Image families: every sequence-parallel layout and the parallel VAE
-    (tests/test_sequence_parallel.py), the CFG and data-parallel cases (tests/test_cfg_data_parallel.py). Video
-    families: every exact layout of tests/test_video.py (FAMILY_LAYOUTS) and the parallel VAE."""
+    (tests/parallel/test_sequence_parallel.py), the CFG and data-parallel cases (tests/parallel/test_cfg_data_parallel.py). Video
+    families: every exact layout of tests/models/test_video.py (FAMILY_LAYOUTS) and the parallel VAE."""
     four_blocks: str
-    """Four blocks, for up to four PipeFusion stages (tests/test_pipefusion.py; video: test_video's PipeFusion
+    """Four blocks, for up to four PipeFusion stages (tests/parallel/test_pipefusion.py; video: test_video's PipeFusion
     layouts)."""
     variants: tuple[str, ...] = ()
     """Image families: other pipelines or variants of the family, run under Ring 2 x Ulysses 2."""
@@ -51,7 +51,7 @@ class TinyTests:
 
 @dataclass(frozen=True)
 class GuardCase:
-    """One degree-1 run of tests/test_diffusers_guard.py: meshdit's image must equal the pipeline's bit for bit."""
+    """One degree-1 run of tests/models/test_diffusers_guard.py: meshdit's image must equal the pipeline's bit for bit."""
 
     build: str
     """The tiny pipeline (a name in BUILDERS)."""

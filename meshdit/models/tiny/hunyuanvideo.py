@@ -59,7 +59,7 @@ BUILDERS = {
     "hunyuanvideo-cfg": lambda seed=0: tiny_hunyuanvideo_pipeline(seed, guidance_embeds=False),
     "hunyuanvideo-4blocks": lambda seed=0: tiny_hunyuanvideo_pipeline(seed, double=2, single=2),
 }
-# tests/test_hunyuanvideo.py: its masked prompt under every exact layout
+# tests/models/test_hunyuanvideo.py: its masked prompt under every exact layout
 TESTS = TinyTests(main="hunyuanvideo", four_blocks="hunyuanvideo-4blocks", layouts=())
 _VIDEO = dict(prompt=GUARD_PROMPT, num_frames=5, max_sequence_length=GUARD_TEXT)
 _TEMPLATE = {"template": "{}", "crop_start": 0}

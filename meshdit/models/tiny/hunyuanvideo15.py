@@ -67,7 +67,7 @@ BUILDERS = {
     "hunyuanvideo15-nocfg": lambda seed=0: tiny_hunyuanvideo15_pipeline(seed, guidance_scale=1.0),
     "hunyuanvideo15-4blocks": lambda seed=0: tiny_hunyuanvideo15_pipeline(seed, layers=4),
 }
-# tests/test_hunyuanvideo15.py: its query x key mask under every exact layout
+# tests/models/test_hunyuanvideo15.py: its query x key mask under every exact layout
 TESTS = TinyTests(main="hunyuanvideo15", four_blocks="hunyuanvideo15-4blocks", layouts=())
 PROMPT15 = 'a red cat saying "hi"'  # quoted text: ByT5 encodes it too
 GUARD_CASES = {

@@ -33,7 +33,7 @@ BUILDERS = {
 # tokens 32 px wide; LTX 0.9.1's decode: a nonzero `temb` and the decode noise (cut with the batch)
 TESTS = TinyTests(main="ltx", four_blocks="ltx-4blocks", token_scale=2,
                   request_extra={"decode_timestep": 0.05, "decode_noise_scale": 0.025})
-# _cp_plan entries meshdit leaves whole (tests/test_diffusers_guard.py): text stays whole on every rank, since LTX's
+# _cp_plan entries meshdit leaves whole (tests/models/test_diffusers_guard.py): text stays whole on every rank, since LTX's
 # attn2 is cross-attention (LOCAL): each rank's image tokens attend to all of it without communication (diffusers
 # shards it and lets its ring gather K/V)
 CP_PLAN_NOT_SPLIT = {("", "encoder_hidden_states"): "text whole: cross-attention is local",

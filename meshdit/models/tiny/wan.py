@@ -75,7 +75,7 @@ BUILDERS = {
     "wan-i2v-4blocks": lambda seed=0: tiny_wan_i2v_pipeline(seed, layers=4),
 }
 TESTS = TinyTests(main="wan", four_blocks="wan-4blocks")
-# _cp_plan entries meshdit leaves whole (tests/test_diffusers_guard.py): split only when the timestep is [B, S]
+# _cp_plan entries meshdit leaves whole (tests/models/test_diffusers_guard.py): split only when the timestep is [B, S]
 # (one per token: Wan 2.2 TI2V's expand_timesteps, which meshdit refuses before ranks start); every other Wan
 # model passes [B], which has no tokens to split
 CP_PLAN_NOT_SPLIT = {("", "timestep"): "per-token timesteps only"}

@@ -1,12 +1,12 @@
 """Video families: every exact layout equals one process on a token grid no degree divides; degree 1 is diffusers'
-own (tests/test_diffusers_guard.py). Every video family runs through FAMILY_LAYOUTS (its tiny module's TESTS say
+own (tests/models/test_diffusers_guard.py). Every video family runs through FAMILY_LAYOUTS (its tiny module's TESTS say
 which); Wan 2.2's experts, image-to-video and CogVideoX's variants have tests of their own."""
 import numpy as np
 import pytest
 
 from meshdit.testing.rank_pool import split_layout
 from meshdit.testing.tiny_models import tiny_families
-from tests import video_jobs
+from tests.models import video_jobs
 
 _REFERENCE: dict = {}
 
@@ -87,7 +87,7 @@ def test_family_parallel_vae_decode_equals_one_process(run_ranks, family):
 def test_cogvideox_variants_equal_one_process(run_ranks, name, layout):
     """The 5B's DPM scheduler (3 steps: its second-order update runs from step 2; it draws noise in every step
     from the request's generator, which every rank holds alike; data parallelism is refused, see
-    tests/reliability) and the 2B's sin-cos positional table (added before the split), over the released 226 text
+    tests/test_bad_input.py) and the 2B's sin-cos positional table (added before the split), over the released 226 text
     tokens and diffusers' test config's 16 (the fixed length read from max_text_seq_length)."""
     degrees = dict(FAMILY_LAYOUTS[layout])
     steps = 3 if name.startswith("cogvideox-dpm") else 2

@@ -3,7 +3,7 @@ from meshdit.engine import Engine
 from meshdit.loading.lora import adapter_bytes
 from meshdit.testing.rank_pool import mesh_for, split_layout
 from meshdit.testing.tiny_models import tiny_pipeline
-from tests import sp_jobs
+from tests.parallel import sp_jobs
 
 SIZE = (36, 44)  # 9 x 11 image tokens: no degree divides them
 STEPS = 2

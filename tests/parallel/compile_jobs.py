@@ -6,7 +6,7 @@ from meshdit.engine import Engine
 from meshdit.parallel.compile import blocks_of
 from meshdit.testing.rank_pool import mesh_for, split_layout
 from meshdit.testing.tiny_models import tiny_pipeline
-from tests.sp_jobs import request
+from tests.parallel.sp_jobs import request
 
 COUNTING = "meshdit_test_counting"  # aot_eager, counting the graphs it compiles and runs
 

@@ -19,7 +19,7 @@ from meshdit.errors import ConfigError
 from meshdit.output import OutputWriteError, save_images
 from meshdit.preflight import check_temp_folder
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 IMAGE = np.linspace(0, 1, 32 * 32 * 3, dtype=np.float32).reshape(1, 32, 32, 3)
 
 

@@ -1,5 +1,5 @@
-"""HunyuanVideo: every exact layout equals one process, on tests/test_video.py's token grid (45 tokens: no degree
-divides them) and layouts; degree 1 is diffusers' own (tests/test_diffusers_guard.py).
+"""HunyuanVideo: every exact layout equals one process, on tests/models/test_video.py's token grid (45 tokens: no degree
+divides them) and layouts; degree 1 is diffusers' own (tests/models/test_diffusers_guard.py).
 
 The prompt joins the video tokens in every attention with its padding masked (plan.MaskedTail): "a red cat"
 keeps 4 of the 6 text tokens (3 words + the end token), so the masked path runs; two prompts of different
@@ -8,8 +8,8 @@ import pytest
 
 from meshdit.config import GenerateRequest, ParallelConfig
 from meshdit.errors import ConfigError
-from tests import video_jobs
-from tests.test_video import LAYOUTS, check, reference, world
+from tests.models import video_jobs
+from tests.models.test_video import LAYOUTS, check, reference, world
 
 PROMPT = ["a red cat"]
 TWO = ["a red cat", "a blue dog on a square"]  # 4 and 6 (all) text tokens kept

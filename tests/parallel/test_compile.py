@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from meshdit.errors import RankFailedError
-from tests import compile_jobs
+from tests.parallel import compile_jobs
 
 TOLERANCE = 1e-5
 NAME = "flux"  # one double and one single block

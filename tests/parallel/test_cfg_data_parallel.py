@@ -6,7 +6,7 @@ from meshdit.config import ParallelConfig
 from meshdit.errors import ConfigError
 from meshdit.models.info import ModelInfo
 from meshdit.testing.tiny_models import tiny_families, tiny_pipeline
-from tests import sp_jobs
+from tests.parallel import sp_jobs
 
 PROMPTS = ["a red cat", "a blue square on a white background", "two green circles"]  # 3: uneven over 2 groups
 _REFERENCE: dict = {}

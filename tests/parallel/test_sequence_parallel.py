@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from meshdit.testing.tiny_models import tiny_families
-from tests import sp_jobs
+from tests.parallel import sp_jobs
 
 LAYOUTS = [(1, 2), (2, 1), (2, 2), (1, 4), (4, 1)]  # (ring, ulysses)
 SIZES = [(32, 32), (32, 48), (36, 44)]  # square, non-square, 9x11 = 99 tokens: divides by neither 2 nor 4

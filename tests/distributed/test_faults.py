@@ -27,7 +27,7 @@ DRIVER = textwrap.dedent("""
     import sys
     from meshdit.distributed.launch import launch
     from meshdit.errors import RankFailedError
-    from tests.reliability import rank_entries
+    from tests.distributed import rank_entries
     try:
         launch(getattr(rank_entries, sys.argv[1]), sys.argv[3], int(sys.argv[2]))
     except RankFailedError as exc:

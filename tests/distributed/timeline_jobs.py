@@ -5,7 +5,7 @@ from meshdit.distributed.timeline import timeline
 from meshdit.engine import Engine
 from meshdit.testing.rank_pool import mesh_for, split_layout
 from meshdit.testing.tiny_models import tiny_pipeline
-from tests.sp_jobs import request
+from tests.parallel.sp_jobs import request
 
 
 def recorded_generate(degrees: dict) -> dict:

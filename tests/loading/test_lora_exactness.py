@@ -9,7 +9,7 @@ from meshdit.engine import Engine
 from meshdit.testing.rank_pool import split_layout
 from meshdit.testing.tiny_lora import save_tiny_lora
 from meshdit.testing.tiny_models import tiny_pipeline
-from tests.lora import lora_jobs
+from tests.loading import lora_jobs
 
 FAMILIES = ["flux-4blocks", "sd35-4blocks", "wan-4blocks"]
 LAYOUTS = {"u2": dict(ulysses_degree=2), "r2": dict(ring_degree=2), "cfg2": dict(cfg_degree=2),

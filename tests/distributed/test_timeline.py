@@ -3,7 +3,7 @@ compute / communication / waiting by benchmarks/timeline_chart.py."""
 import pytest
 
 from benchmarks.timeline_chart import segments, totals
-from tests import timeline_jobs
+from tests.distributed import timeline_jobs
 
 
 @pytest.mark.parametrize("degrees, kinds", [

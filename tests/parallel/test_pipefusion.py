@@ -8,7 +8,7 @@ from meshdit.models.info import ModelInfo
 from meshdit.parallel.pipefusion import balanced_stages, block_weight
 from meshdit.testing.rank_pool import split_layout
 from meshdit.testing.tiny_models import tiny_families, tiny_pipeline
-from tests import sp_jobs
+from tests.parallel import sp_jobs
 
 STEPS = 4
 SIZE = (36, 44)  # 9 x 11 image tokens: patches of uneven height

@@ -1,5 +1,5 @@
-"""HunyuanVideo 1.5: every exact layout equals one process, on tests/test_video.py's token grid (45 video tokens: no
-degree divides them); degree 1 is diffusers' own (tests/test_diffusers_guard.py).
+"""HunyuanVideo 1.5: every exact layout equals one process, on tests/models/test_video.py's token grid (45 video tokens: no
+degree divides them); degree 1 is diffusers' own (tests/models/test_diffusers_guard.py).
 
 The prompt has quoted text, so both text encoders keep tokens: 12 ByT5 (the glyph text) + 7 Qwen of the 1985 text
 tokens after the video tokens; the rest (padding, and the 729 image tokens of text-to-video) is masked query x key
@@ -8,8 +8,8 @@ import pytest
 
 from meshdit.config import GenerateRequest, ParallelConfig
 from meshdit.errors import ConfigError
-from tests import video_jobs
-from tests.test_video import LAYOUTS, PIPEFUSION, check, reference, world
+from tests.models import video_jobs
+from tests.models.test_video import LAYOUTS, PIPEFUSION, check, reference, world
 
 PROMPT = ['a red cat saying "hi"']
 DP_PROMPTS = ['a red cat saying "hi"', "a blue dog", "two green circles"]  # 3 videos over 2 groups
