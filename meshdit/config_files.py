@@ -1,9 +1,11 @@
 """Reading a model's config files (model_index.json, <component>/config.json) from a pipeline folder or the
-Hub, without torch: the checks made before any rank starts (models/info.py, vae/settings.py) read only these."""
+Hub, and safetensors headers, without torch: the checks made before any rank starts (models/info.py,
+vae/settings.py, lora_files.py, request_cost.py) read only these, and lean loading reads headers here too."""
 from __future__ import annotations
 
 import json
 import os
+import struct
 
 from .errors import ConfigError
 
@@ -59,3 +61,29 @@ def _hub_file(model: str, name: str) -> str:
             f"model {model!r} was not found: it is not a local folder, and {name} could not be read from the "
             f"Hugging Face Hub or its local cache ({type(exc).__name__}). Pass a folder saved with "
             "save_pretrained, or download the model first (e.g. `hf download MODEL`).") from None
+
+
+def read_safetensors_header(path: str, what: str | None = None) -> tuple[dict, int]:
+    """(tensor name -> {dtype, shape, data_offsets}, header length) of a safetensors file, "__metadata__" left
+    out; a ConfigError starting with `what` (default: the path) when the file is unreadable, cut short or its
+    header is not a table of tensors."""
+    what = what or path
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ConfigError(f"{what}: not a safetensors file (shorter than its 8-byte header length)")
+            (length,) = struct.unpack("<Q", head)
+            if length > size - 8:
+                raise ConfigError(f"{what}: corrupt or truncated safetensors file (header of {length} bytes, file "
+                                  f"of {size})")
+            header = json.loads(f.read(length))
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot read it: {exc}") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise ConfigError(f"{what}: corrupt safetensors header ({exc})") from None
+    if not isinstance(header, dict):
+        raise ConfigError(f"{what}: corrupt safetensors header (not a table of tensors)")
+    header.pop("__metadata__", None)
+    return header, length

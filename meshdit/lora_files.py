@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 
+from .config_files import read_safetensors_header
 from .errors import ConfigError
 
 SUFFIX = ".safetensors"
@@ -64,26 +64,8 @@ def read_header(path: str, flag: str = "--lora") -> dict[str, dict]:
     """The safetensors header of an adapter file: tensor name -> {dtype, shape, data_offsets}."""
     if not os.path.isfile(path):
         raise ConfigError(f"{flag} {path!r}: no such file; give a LoRA .safetensors file")
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise ConfigError(f"{flag} {path!r}: not a safetensors file (shorter than its 8-byte header length)")
-            (length,) = struct.unpack("<Q", head)
-            if length > size - 8:
-                raise ConfigError(f"{flag} {path!r}: corrupt or truncated safetensors file (header of {length} "
-                                  f"bytes, file of {size})")
-            header = json.loads(f.read(length))
-    except ConfigError:
-        raise
-    except OSError as exc:
-        raise ConfigError(f"{flag} {path!r}: cannot read it: {exc}") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{flag} {path!r}: corrupt safetensors header ({exc})") from None
-    if not isinstance(header, dict):
-        raise ConfigError(f"{flag} {path!r}: corrupt safetensors header (not a table of tensors)")
-    header.pop("__metadata__", None)
+    header, length = read_safetensors_header(path, f"{flag} {path!r}")
+    size = os.path.getsize(path)
     for name, meta in header.items():
         if not isinstance(meta, dict) or not isinstance(meta.get("shape"), list) or \
                 not isinstance(meta.get("data_offsets"), list) or len(meta["data_offsets"]) != 2:

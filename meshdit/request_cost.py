@@ -8,10 +8,11 @@ from __future__ import annotations
 import glob
 import json
 import os
-import struct
 from dataclasses import dataclass
 
 from .config import GenerateRequest, ParallelConfig
+from .config_files import read_safetensors_header
+from .errors import ConfigError
 
 WORK_WARNING_RATIO = 50.0
 """A request with this many times the work of the model's default request gets a warning."""
@@ -54,13 +55,11 @@ def transformer_parameters(model: str, transformer_config: dict) -> tuple[int, i
     total = stored = 0
     for path in files:
         try:
-            with open(path, "rb") as f:
-                (length,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(length))
-        except (OSError, ValueError, struct.error):
+            header, _ = read_safetensors_header(path)
+        except ConfigError:  # the loading reports a bad file; the estimate falls back to the config
             break
         for name, meta in header.items():
-            if name == "__metadata__" or not isinstance(meta, dict):
+            if not isinstance(meta, dict):
                 continue
             count = 1
             for d in meta.get("shape", []):

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from dataclasses import dataclass
 
 import torch
 
+from ..config_files import read_safetensors_header
 from ..errors import ConfigError
 
 DTYPES = {
@@ -52,26 +52,11 @@ def checkpoint_files(folder: str) -> list[str]:
 
 def read_entries(path: str) -> list[TensorEntry]:
     """Parses one file's header and checks that every tensor's bytes lie inside the file."""
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise ConfigError(f"{path}: corrupt safetensors file (shorter than its 8-byte header length)")
-            (header_len,) = struct.unpack("<Q", head)
-            if header_len > size - 8:
-                raise ConfigError(f"{path}: corrupt or truncated safetensors file (header of {header_len} bytes, "
-                                  f"file of {size})")
-            header = json.loads(f.read(header_len))
-    except OSError as exc:
-        raise ConfigError(f"cannot read weights file {path}: {exc}") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: corrupt safetensors header ({exc})") from None
+    header, header_len = read_safetensors_header(path)
+    size = os.path.getsize(path)
     data_start = 8 + header_len
     entries = []
     for name, meta in header.items():
-        if name == "__metadata__":
-            continue
         try:
             dtype = DTYPES[meta["dtype"]]
             shape = tuple(int(d) for d in meta["shape"])
