@@ -23,6 +23,9 @@ def build_parser() -> FlagParser:
     from .serve.command import add_serve_parser
 
     add_serve_parser(commands)
+    from .planner.command import add_plan_parser
+
+    add_plan_parser(commands)
     return parser
 
 
@@ -83,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
             from .serve.command import serve_command
 
             return serve_command(args)
+        elif args.command == "plan":
+            from .planner.command import plan_command
+
+            return plan_command(args)
     except ConfigError as exc:
         print(f"meshdit: error: {exc}", file=sys.stderr)
         return 2

@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("errors", "lazy", "logs", "flag_spec", "memory", "output", "preflight", "prompt_vocabulary",
                     "default_model")),
     ("settings", ("config", "config_files", "flags", "models.registry", "models.info", "vae.settings",
-                  "quant.settings", "loading.options", "engine_settings")),
+                  "quant.settings", "loading.options", "engine_settings", "planner")),
     ("distributed", ("distributed", "rank_errors")),
     ("quant", ("quant",)),
     ("attention", ("attention",)),
@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("combine, loading", ("combine", "loading")),
     ("engine", ("engine",)),
     ("runner", ("runner", "rank", "prelaunch")),
-    ("entry points", ("", "__main__", "cli", "serve", "testing")),
+    ("entry points", ("", "__main__", "cli", "serve", "testing", "planner.command", "planner.calibrate")),
 )
 # The settings layer is what the checks before any rank starts read: importing it must not import torch.
 TORCH_FREE_LAYER = "settings"
