@@ -48,8 +48,15 @@ class World:
     def size(self) -> int:
         return self.gpus_per_node * self.nodes
 
+    @property
+    def shares_host_memory(self) -> bool:
+        """CPU ranks: one host's memory, and one mapped copy of the weights however many ranks (lean loading)."""
+        return self.name == CPU_HERE
+
     def with_size(self, gpus_per_node: int, nodes: int = 1) -> "World":
-        return replace(self, gpus_per_node=gpus_per_node, nodes=nodes)
+        memory = self.memory_bytes * self.gpus_per_node / gpus_per_node if self.shares_host_memory else \
+            self.memory_bytes
+        return replace(self, gpus_per_node=gpus_per_node, nodes=nodes, memory_bytes=memory)
 
 
 def _gpu(name: str, memory_gb: float, tflops: float, fp8_tflops: float, intra_gbps: float, inter_gbps: float,
@@ -150,7 +157,7 @@ def world_from(preset: str, gpus: int | None, nodes: int, memory: str | None = N
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}.")
     if preset == CPU_HERE:
-        world = cpu_here((gpus or 1) * nodes).with_size(gpus or 1, nodes)
+        world = replace(cpu_here((gpus or 1) * nodes), gpus_per_node=gpus or 1, nodes=nodes)
     else:
         world = PRESETS[preset].with_size(gpus or 1, nodes)
     if memory is not None:

@@ -155,7 +155,14 @@ def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRe
         vae_s *= 1.25  # overlapping tiles
     total = text_s + denoise + vae_s
     exact = not layout.fp8 and layout.vae != "tiled" and (pp == 1 or warmup >= steps)
-    return Prediction(layout, memory, step, total, memory.peak <= world.memory_bytes * USABLE_MEMORY, exact, comm_s)
+    if world.shares_host_memory:  # the node's ranks map one copy of the weights; each holds its own working set
+        every_block = sum(b.params for b in costs.blocks) * block_bytes  # all stages' blocks, in one mapping
+        per_node = (memory.weights - stage_params * block_bytes + every_block + memory.text
+                    + world.gpus_per_node * (memory.peak - memory.weights - memory.text))
+        fits = per_node <= world.memory_bytes * world.gpus_per_node * USABLE_MEMORY
+    else:
+        fits = memory.peak <= world.memory_bytes * USABLE_MEMORY
+    return Prediction(layout, memory, step, total, fits, exact, comm_s)
 
 
 __all__ = ["AXIS_FIELDS", "Memory", "Prediction", "predict", "axis_link"]

@@ -69,7 +69,11 @@ def serve_settings(args, check_port: bool = False):
     check_limit_flags(args)
     api_key = args.api_key or os.environ.get("MESHDIT_API_KEY") or None
     check_exposure(args.host, api_key, args.allow_unauthenticated)
-    engine = engine_settings_from_args(args)
+    from ..planner.auto import describe_choice, layout_from_flags
+
+    engine, prediction = layout_from_flags(args, engine_settings_from_args(args), request_from_args(args, ["-"]))
+    if prediction is not None:
+        print(f"meshdit serve: {describe_choice(engine, prediction)}")
     # The smallest batch a request may make: one image per data-parallel group.
     info, request = check_before_launch(engine, request_from_args(args, ["-"]),
                                         num_images=max(engine.config.data_parallel_degree, 1))
