@@ -20,6 +20,12 @@ RING_STEP_CALLS = 8
 """Kernel calls one ring step adds per attention (the block's attention, the merge's exp, scale and add)."""
 USABLE_MEMORY = 0.9
 """Share of a rank's memory a layout may plan to use (allocator slack, the runtime's own context)."""
+ULYSSES_BUFFERS = 6
+"""Extra hidden-sized (per rank) tensors Ulysses holds at its peak: q, k, v packed for the all-to-all and received
+(measured on the benchmark model, docs/planner.md "Memory predictions checked")."""
+BATCHED_BRANCH_FAMILIES = frozenset({"sd3", "cogvideox", "hunyuandit", "ltx", "pixart"})
+"""Families whose recipe runs both guidance branches as one batched call (Recipe.batch_branches; tested equal):
+the others run them one after the other, so one branch's activations are alive at a time."""
 FP8_KV_BYTES = 1.1
 """Bytes per stale K/V element held in FP8 (e4m3 values and a float32 scale per token and head)."""
 
@@ -79,14 +85,18 @@ def _stage_blocks(costs: ModelCosts, stages: int) -> list[list]:
     return out
 
 
-def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRequest) -> Prediction:
+def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRequest,
+            stage: int | None = None) -> Prediction:
+    """stage: the memory of that PipeFusion stage's ranks (default: the heaviest stage's, what must fit)."""
     info = costs.info
     dtype = world.dtype_bytes
     dp, cfg, pp = layout.degree(MeshAxis.DP), layout.degree(MeshAxis.CFG), layout.degree(MeshAxis.PP)
     ring, uly = layout.degree(MeshAxis.RING), layout.degree(MeshAxis.ULYSSES)
     sp = ring * uly
     images = len(request.prompts) * request.num_images_per_prompt
-    batch = math.ceil(images / dp) * ((2 if info.runs_cfg(request.guidance_scale) else 1) // cfg)
+    branches = (2 if info.runs_cfg(request.guidance_scale) else 1) // cfg  # per rank
+    batch = math.ceil(images / dp) * branches
+    live_batch = batch if info.family.name in BATCHED_BRANCH_FAMILIES else math.ceil(images / dp)
     image_tokens = costs.tokens(request.height, request.width, request.num_frames)
     text_tokens = int(request.extra.get("max_sequence_length") or info.request_defaults().max_sequence_length)
     seq = image_tokens + text_tokens
@@ -98,14 +108,16 @@ def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRe
 
     # --- memory of rank 0 (it holds the text encoders and decodes) ---
     stages = _stage_blocks(costs, pp)
-    stage_params = max(sum(b.params for b in s) for s in stages)
+    stage_params = max(sum(b.params for b in s) for s in stages) if stage is None else \
+        sum(b.params for b in stages[stage])
     block_bytes = 1 if layout.fp8 else dtype
     weights = stage_params * block_bytes + costs.other_params * dtype + costs.vae_params * dtype
     text = 0.0 if layout.text_on_cpu else costs.text_encoder_params * dtype
-    activations = (ACTIVATION_TENSORS_FIXED + 3 * costs.mlp_ratio) * batch * seq / sp * d * dtype
+    tensors = ACTIVATION_TENSORS_FIXED + 3 * costs.mlp_ratio + (ULYSSES_BUFFERS if uly > 1 else 0)
+    activations = tensors * live_batch * seq / sp * d * dtype
     stale = 0.0
     if pp > 1 and warmup < steps:
-        layers = max(len(s) for s in stages)
+        layers = max(len(s) for s in stages) if stage is None else len(stages[stage])
         stale = 2 * layers * batch * seq * (d / uly) * (FP8_KV_BYTES if layout.fp8 else dtype)
     frames = info.vae_temporal_factor + 1 if info.is_video else 1  # causal video VAEs decode a few frames at a time
     decoded_images = math.ceil(images / dp)

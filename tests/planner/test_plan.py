@@ -151,3 +151,14 @@ def test_bad_plan_flags_are_refused_naming_the_flag(argv, message, capsys):
 def test_sizes_parse():
     assert parse_bytes("32GB", "--gpu-memory") == 32e9
     assert parse_bytes("80GiB", "--gpu-memory") == 80 * 1024 ** 3
+
+
+def test_batched_branch_families_match_the_recipes():
+    """The planner's list of families that run both guidance branches in one call is the recipes' own flag."""
+    import importlib
+
+    from meshdit.models.registry import FAMILIES
+    from meshdit.planner.predict import BATCHED_BRANCH_FAMILIES
+
+    batched = {f.name for f in FAMILIES if importlib.import_module(f.module).RECIPE.batch_branches}
+    assert batched == BATCHED_BRANCH_FAMILIES
