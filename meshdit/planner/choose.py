@@ -60,13 +60,14 @@ def make_plan(info: ModelInfo, costs: ModelCosts, request: GenerateRequest, worl
 
 
 def _pick(pool: list[Prediction]) -> Prediction | None:
-    """Among the layouts within 2% of the fastest, the plainest (no FP8, text on the device, untiled), then the
-    fastest, then the least memory."""
+    """Among the layouts within 2% of the fastest (closer than the model can tell apart), the plainest (no FP8,
+    text on the device, untiled), then the one with the least communication left unhidden (what a loaded link
+    or a slower-than-modelled network makes worse), then the fastest, then the least memory."""
     if not pool:
         return None
     fastest = min(r.total_s for r in pool)
     near = [r for r in pool if r.total_s <= fastest * 1.02]
-    return min(near, key=lambda r: (_plain_first(r), r.total_s, r.memory.peak))
+    return min(near, key=lambda r: (_plain_first(r), round(r.comm_s, 9), r.total_s, r.memory.peak))
 
 
 def _without_tiling(plan: Plan) -> Prediction | None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..config import GenerateRequest, MeshAxis
 from .hardware import Link, World
-from .layouts import AXIS_FIELDS, Layout
+from .layouts import Layout
 from .model_costs import ModelCosts
 
 ACTIVATION_TENSORS_FIXED = 3
@@ -96,7 +96,9 @@ def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRe
     images = len(request.prompts) * request.num_images_per_prompt
     branches = (2 if info.runs_cfg(request.guidance_scale) else 1) // cfg  # per rank
     batch = math.ceil(images / dp) * branches
-    live_batch = batch if info.family.name in BATCHED_BRANCH_FAMILIES else math.ceil(images / dp)
+    batched = info.family.name in BATCHED_BRANCH_FAMILIES
+    live_batch = batch if batched else math.ceil(images / dp)
+    calls = 1 if batched else branches  # transformer calls per step: each sends its own messages
     image_tokens = costs.tokens(request.height, request.width, request.num_frames)
     text_tokens = int(request.extra.get("max_sequence_length") or info.request_defaults().max_sequence_length)
     seq = image_tokens + text_tokens
@@ -133,17 +135,17 @@ def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRe
     linear_flops, attention_flops = costs.step_flops(image_tokens, text_tokens, batch)
     attention_rate = world.attention_flops or flops
     attention_s = attention_flops / sp / attention_rate
-    compute_full = linear_flops / sp / flops + attention_s + len(costs.blocks) * CALLS_PER_BLOCK * world.launch_s
+    compute_full = linear_flops / sp / flops + attention_s + calls * len(costs.blocks) * CALLS_PER_BLOCK * world.launch_s
     attn_layers = len(costs.blocks)
     comm = 0.0
     if uly > 1:  # q, k, v in one all-to-all, the output back in another, per attention layer
         per_rank = batch * seq / sp * d * dtype * (uly - 1) / uly
-        comm += attn_layers * axis_link(layout, MeshAxis.ULYSSES, world).seconds(2 * (uly - 1), 4 * per_rank)
+        comm += attn_layers * axis_link(layout, MeshAxis.ULYSSES, world).seconds(2 * (uly - 1) * calls, 4 * per_rank)
     if ring > 1:  # K and V blocks passed ring - 1 times per attention, overlapped with the attention's compute
         kv = 2 * batch * (seq / sp) * (d / uly) * dtype
-        ring_s = attn_layers * axis_link(layout, MeshAxis.RING, world).seconds(ring - 1, (ring - 1) * kv)
+        ring_s = attn_layers * axis_link(layout, MeshAxis.RING, world).seconds((ring - 1) * calls, (ring - 1) * kv)
         # each ring step is its own attention call plus a log-sum-exp merge of the partial outputs
-        comm += max(0.0, ring_s - attention_s) + attn_layers * (ring - 1) * RING_STEP_CALLS * world.launch_s
+        comm += max(0.0, ring_s - attention_s) + calls * attn_layers * (ring - 1) * RING_STEP_CALLS * world.launch_s
     if cfg > 1:  # the noise predictions' gather
         comm += axis_link(layout, MeshAxis.CFG, world).seconds(1, batch * image_tokens * costs.out_channels * 4)
     step_full = compute_full + comm
@@ -177,4 +179,4 @@ def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRe
     return Prediction(layout, memory, step, total, fits, exact, comm_s)
 
 
-__all__ = ["AXIS_FIELDS", "Memory", "Prediction", "predict", "axis_link"]
+__all__ = ["Memory", "Prediction", "predict", "axis_link"]
