@@ -14,10 +14,11 @@ from .lazy import lazy_names
 
 # torch, diffusers and transformers take seconds to import; `meshdit --help` and the checks made before any
 # rank starts need none of them, so the names that do are imported on first use.
-_LAZY = {"Engine": ".engine", "GenerateResult": ".engine", "ParallelMesh": ".distributed.mesh"}
+_LAZY = {"Engine": ".engine", "GenerateResult": ".engine", "ParallelMesh": ".distributed.mesh",
+         "plan_layout": ".planner.auto"}
 
 __all__ = ["ConfigError", "Engine", "GenerateRequest", "GenerateResult", "ParallelConfig", "ParallelMesh",
-           "RankFailedError", "init", "shutdown"]
+           "RankFailedError", "init", "plan_layout", "shutdown"]
 __version__ = "0.1.0"
 __getattr__ = lazy_names(__name__, _LAZY)
 

@@ -23,6 +23,9 @@ def build_parser() -> FlagParser:
     from .serve.command import add_serve_parser
 
     add_serve_parser(commands)
+    from .planner.command import add_plan_parser
+
+    add_plan_parser(commands)
     return parser
 
 
@@ -41,15 +44,21 @@ def requested(args):
 
 def generate_settings(args):
     """(EngineSettings, ModelInfo, request with every value resolved), checked before any rank starts."""
+    return generate_plan(args)[:3]
+
+
+def generate_plan(args):
+    """generate_settings and, under --layout auto, the planner's prediction for its choice (else None)."""
+    from .planner.auto import layout_from_flags
     from .prelaunch import check_before_launch
 
     from .lora_files import named_adapters
 
-    engine = engine_settings_from_args(args)
     request = requested(args)
+    engine, prediction = layout_from_flags(args, engine_settings_from_args(args), request)
     engine.loras = tuple(named_adapters([path for path, _ in request.loras]).items())  # --lora's files load at start
     info, request = check_before_launch(engine, request)
-    return engine, info, request
+    return engine, info, request, prediction
 
 
 def warn_unknown_words(model: str, prompts: list[str]) -> None:
@@ -74,7 +83,11 @@ def generate_command(args) -> None:
     from .output import check_output_path
 
     # Everything that can be checked without weights is checked here, before any rank starts.
-    engine, info, request = generate_settings(args)
+    engine, info, request, prediction = generate_plan(args)
+    if prediction is not None:
+        from .planner.auto import describe_choice
+
+        print(f"meshdit: {describe_choice(engine, prediction)}")
     warn_unknown_words(engine.model, request.prompts)
     num_images = len(request.prompts) * request.num_images_per_prompt
     output = args.output or ("meshdit.mp4" if info.is_video else "meshdit.png")
@@ -88,7 +101,8 @@ def generate_command(args) -> None:
     from .distributed.launch import launch
     from .runner import GenerateJob, run_generate
 
-    launch(run_generate, GenerateJob(engine, request, output), engine.config.world_size)
+    launch(run_generate, GenerateJob(engine, request, output, prediction.total_s if prediction else None),
+           engine.config.world_size)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
             from .serve.command import serve_command
 
             return serve_command(args)
+        elif args.command == "plan":
+            from .planner.command import plan_command
+
+            return plan_command(args)
     except ConfigError as exc:
         print(f"meshdit: error: {exc}", file=sys.stderr)
         return 2

@@ -86,8 +86,14 @@ def add_layout_flags(parser) -> None:
     """How the work is split over ranks: the mesh degrees, PipeFusion and VAE decode settings."""
     from .vae.settings import VaeDecodeSettings
 
-    add_settings_flags(parser.add_argument_group("parallel layout (the world size is the product of the degrees)"),
-                       ParallelConfig)
+    group = parser.add_argument_group("parallel layout (the world size is the product of the degrees)")
+    add_settings_flags(group, ParallelConfig)
+    flag(group, "layout", choices=["auto"], default=None,
+         help="auto: the planner picks the degrees for --ranks ranks (docs/planner.md); degrees above 1 given "
+              "beside it are kept (default: the degrees as given)")
+    flag(group, "ranks", type=int, default=None, metavar="N",
+         help="with --layout auto: the world to plan for (default: torchrun's world, else the visible GPUs, "
+              "else 1 on CPU)")
     add_settings_flags(parser.add_argument_group("VAE decode"), VaeDecodeSettings)
 
 

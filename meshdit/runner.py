@@ -20,6 +20,8 @@ class GenerateJob:
     engine: EngineSettings
     request: GenerateRequest
     output: str
+    predicted_s: float | None = None
+    """--layout auto: the planner's end-to-end prediction, printed beside the measured time."""
 
 
 def run_generate(job: GenerateJob) -> None:
@@ -48,7 +50,8 @@ def run_generate(job: GenerateJob) -> None:
         print(f"meshdit: {len(paths)} {what} height {height} x width {width}, {job.request.num_inference_steps} "
               f"steps, layout {settings.config.describe()}{fp8} on {dist.get_world_size()} rank(s) "
               f"({mesh.device.type}): {s['total']:.2f} s (prepare {s['prepare']:.2f}, denoise {s['denoise']:.2f}, "
-              f"decode {s['decode']:.2f}; model load {ranked.load_seconds:.2f} s)")
+              f"decode {s['decode']:.2f}; model load {ranked.load_seconds:.2f} s)"
+              + (f"; the planner predicted {job.predicted_s:.2f} s" if job.predicted_s is not None else ""))
         if result.cache is not None:  # per guidance branch and image, averaged (docs/caching.md)
             print(f"meshdit: step cache ({job.request.cache.method}): {result.cache.computed_steps()} of "
                   f"{result.cache.steps} steps computed, {result.cache.cached_steps()} cached")

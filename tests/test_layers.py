@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                     "default_model", "phases")),
     ("settings", ("config", "config_files", "lora_files", "flags", "models.registry", "models.info", "vae.settings",
                   "quant.settings", "loading.options", "engine_settings",
-                  "request_cost", "cache.settings")),
+                  "request_cost", "cache.settings", "planner")),
     ("distributed", ("distributed", "rank_errors")),
     ("quant", ("quant",)),
     ("attention", ("attention",)),
@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("combine, loading", ("combine", "loading")),
     ("engine", ("engine",)),
     ("runner", ("runner", "rank", "prelaunch")),
-    ("entry points", ("", "__main__", "cli", "serve", "testing")),
+    ("entry points", ("", "__main__", "cli", "serve", "testing", "planner.command", "planner.calibrate")),
 )
 # The settings layer is what the checks before any rank starts read: importing it must not import torch.
 TORCH_FREE_LAYER = "settings"

@@ -73,7 +73,11 @@ def serve_settings(args, check_port: bool = False):
     check_limit_flags(args)
     api_key = args.api_key or os.environ.get("MESHDIT_API_KEY") or None
     check_exposure(args.host, api_key, args.allow_unauthenticated)
-    engine = engine_settings_from_args(args)
+    from ..planner.auto import describe_choice, layout_from_flags
+
+    engine, prediction = layout_from_flags(args, engine_settings_from_args(args), request_from_args(args, ["-"]))
+    if prediction is not None:
+        print(f"meshdit serve: {describe_choice(engine, prediction)}")
     if args.lora_dir is not None:
         from ..lora_files import adapters_in_dir
 

@@ -1,0 +1,115 @@
+"""The planner's memory predictions against measurement (issue 46 item 3), on CPU ranks here.
+
+For each layout the benchmark model (benchmarks/models.py, saved as a pipeline folder) is loaded by every rank as
+`meshdit generate` loads it (rank.start_rank), and one generate runs under meshdit.memory.PeakAllocations. Per rank:
+the transformer's parameter bytes the rank holds (not on the meta device: PipeFusion's other stages' blocks are
+never loaded) and the peak of the tensors the generate allocated (activations, stale K/V, VAE decode); the planner
+predicts the same two (predict.Memory: weights without the VAE, max(activations + stale K/V, VAE decode)).
+
+    python -m benchmarks.planner_memory [--tokens 1024] [--steps 3]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+
+LAYOUTS = {
+    "serial": {},
+    "ulysses2": {"ulysses_degree": 2},
+    "pp2": {"pipefusion_parallel_degree": 2},
+    "pp4": {"pipefusion_parallel_degree": 4},
+    "cfg2": {"cfg_degree": 2},
+}
+
+
+def _rank_job(payload) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from meshdit.memory import PeakAllocations
+    from meshdit.rank import start_rank
+
+    settings, request, out_dir = payload
+    ranked = start_rank(settings)
+    transformer = ranked.engine.pipe.transformer
+    weights = sum(p.numel() * p.element_size() for p in transformer.parameters() if p.device.type != "meta")
+    ranked.engine.generate(request)  # warm: first-call allocations (caches) are not the layout's
+    with PeakAllocations() as peak:
+        ranked.engine.generate(request)
+    with open(os.path.join(out_dir, f"rank{dist.get_rank()}.json"), "w", encoding="utf-8") as f:
+        json.dump({"weights": weights, "working": peak.peak_bytes}, f)
+    del torch
+
+
+def measure(folder: str, name: str, request, degrees: dict) -> list[dict]:
+    from meshdit.config import ParallelConfig
+    from meshdit.distributed.launch import launch
+    from meshdit.engine_settings import EngineSettings
+
+    config = ParallelConfig(**degrees)
+    settings = EngineSettings(folder, config, "float32")
+    with tempfile.TemporaryDirectory(prefix="meshdit-planner-memory-") as out:
+        launch(_rank_job, (settings, request, out), config.world_size)
+        ranks = []
+        for rank in range(config.world_size):
+            with open(os.path.join(out, f"rank{rank}.json"), encoding="utf-8") as f:
+                ranks.append(json.load(f))
+    return ranks
+
+
+def predicted(folder: str, request, degrees: dict, rank: int):
+    from meshdit.config import MeshAxis
+    from meshdit.planner.choose import load_model
+    from meshdit.planner.hardware import world_from
+    from meshdit.planner.layouts import AXIS_FIELDS, Layout
+    from meshdit.planner.predict import predict
+
+    _, info, costs = load_model(folder)
+    fields = {field: axis for axis, field in AXIS_FIELDS.items()}
+    layout = Layout(tuple((axis, degrees.get(field, 1)) for field, axis in fields.items()),
+                    vae="plain")
+    world = world_from("cpu-here", layout.world_size, 1)
+    stage = rank // layout.sp % layout.degree(MeshAxis.PP)  # the rank's pp coordinate (pp outside ring, ulysses)
+    p = predict(layout, costs, world, request.with_defaults(info.request_defaults()), stage=stage)
+    weights = p.memory.weights - costs.vae_params * world.dtype_bytes
+    return weights, max(p.memory.activations + p.memory.stale_kv, p.memory.vae)
+
+
+def compare(tokens: int, steps: int, layouts: list[str]) -> list[dict]:
+    """One row per layout and rank: measured and predicted weights and working set, in bytes."""
+    from benchmarks.models import FULL, flux_pipeline, pixels_for_tokens
+    from meshdit.config import GenerateRequest
+
+    px = pixels_for_tokens(tokens)
+    request = GenerateRequest(prompt="a red circle", height=px, width=px, num_inference_steps=steps,
+                              guidance_scale=3.0, seed=0, extra={"max_sequence_length": 32})
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="meshdit-benchmark-model-") as folder:
+        flux_pipeline(FULL).save_pretrained(folder)
+        for name in layouts:
+            for rank, r in enumerate(measure(folder, name, request, LAYOUTS[name])):
+                weights_p, working_p = predicted(folder, request, LAYOUTS[name], rank)
+                rows.append({"layout": name, "rank": rank, "weights": r["weights"], "working": r["working"],
+                             "weights_predicted": weights_p, "working_predicted": working_p,
+                             "ratio": (r["weights"] + r["working"]) / (weights_p + working_p)})
+    return rows
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=1024, help="image tokens (a square)")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    args = parser.parse_args(argv)
+    print("| layout | rank | weights measured / predicted MiB | working set measured / predicted MiB | "
+          "total measured / predicted |")
+    print("|---|---|---|---|---|")
+    for r in compare(args.tokens, args.steps, args.layouts):
+        print(f"| {r['layout']} | {r['rank']} | {r['weights'] / 2**20:.1f} / {r['weights_predicted'] / 2**20:.1f} | "
+              f"{r['working'] / 2**20:.1f} / {r['working_predicted'] / 2**20:.1f} | {r['ratio']:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""`meshdit plan`: the table of every legal layout with its predicted memory and time, and the recommendation
+(no torch: it reads config JSON only); `meshdit plan --calibrate` measures this machine for the cpu-here preset."""
+from __future__ import annotations
+
+import json
+import re
+
+from ..config import GenerateRequest
+from ..errors import ConfigError
+from .choose import load_model, make_plan, smallest_fitting_world
+from .hardware import CPU_HERE, PRESET_NAMES, describe, world_from
+from .snapshots import snapshot_names
+
+
+def add_plan_parser(commands) -> None:
+    p = commands.add_parser(
+        "plan", help="list every layout of a world with predicted memory and time, and pick one",
+        description="Predict per-rank peak memory and time of every legal layout (dp x cfg x pp x ring x ulysses, "
+                    "VAE decode, FP8) of a model on a world, and recommend one (cost model: docs/planner.md). "
+                    "Reads config JSON only: no weights, no torch.")
+    p.add_argument("--model", default=None, metavar="DIR_OR_HUB_ID_OR_SNAPSHOT",
+                   help=f"a pipeline folder, Hub id, or built-in snapshot: {', '.join(snapshot_names())} "
+                        "(default: the bundled model)")
+    req = p.add_argument_group("request")
+    req.add_argument("--size", metavar="HxW", help="image size in pixels, e.g. 1024x1024 (default: the model's)")
+    req.add_argument("--height", type=int, help="pixels (default: the model's)")
+    req.add_argument("--width", type=int, help="pixels (default: the model's)")
+    req.add_argument("--num-frames", "--frames", dest="num_frames", type=int, help="video models: frames")
+    req.add_argument("--steps", type=int, help="denoising steps (default: the model's)")
+    req.add_argument("--guidance-scale", "--guidance", dest="guidance_scale", type=float,
+                     help="guidance scale; > 1 runs two branches (CFG) on models that are not guidance-distilled")
+    req.add_argument("--images", type=int, default=1, help="images in one request (default: 1)")
+    req.add_argument("--warmup-steps", type=int, default=1, help="PipeFusion's warmup steps (default: 1)")
+    req.add_argument("--num-pipeline-patch", type=int, default=None, help="PipeFusion's patches (default: degree)")
+    hw = p.add_argument_group("world")
+    hw.add_argument("--preset", default=None, choices=PRESET_NAMES,
+                    help="hardware figures (default: h100-sxm when --gpus is given, else cpu-here)")
+    hw.add_argument("--gpus", type=int, default=None, help="GPUs (ranks) per node (default: 1)")
+    hw.add_argument("--nodes", type=int, default=1, help="nodes (default: 1)")
+    hw.add_argument("--gpu-memory", default=None, metavar="SIZE", help="memory per GPU, e.g. 32GB (default: the preset's)")
+    hw.add_argument("--intra-node-gbps", type=float, default=None, help="GB/s per rank inside a node")
+    hw.add_argument("--inter-node-gbps", type=float, default=None, help="GB/s per rank between nodes")
+    out = p.add_argument_group("output")
+    out.add_argument("--no-fp8", action="store_true", help="leave the FP8 variants out")
+    out.add_argument("--fits-only", action="store_true", help="list only layouts that fit")
+    out.add_argument("--top", type=int, default=None, help="list at most N rows")
+    out.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--calibrate", action="store_true",
+                   help="measure this machine's matmul throughput and gloo latency/bandwidth (2 ranks) for the "
+                        "cpu-here preset, save them, and exit")
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*[xX*]\s*(\d+)\s*", text or "")
+    if not match:
+        raise ConfigError(f"--size {text!r} is not HxW: write it like --size 1024x1024 (height x width).")
+    return int(match.group(1)), int(match.group(2))
+
+
+def request_from_plan_args(args) -> GenerateRequest:
+    height, width = parse_size(args.size) if args.size else (args.height, args.width)
+    if args.images < 1:
+        raise ConfigError(f"--images must be >= 1, got {args.images}.")
+    request = GenerateRequest(prompt=["a prompt"] * args.images, height=height, width=width,
+                              num_inference_steps=args.steps, guidance_scale=args.guidance_scale,
+                              num_frames=args.num_frames, warmup_steps=args.warmup_steps,
+                              num_pipeline_patch=args.num_pipeline_patch)
+    return request
+
+
+def plan_command(args) -> int:
+    if args.calibrate:
+        from .calibrate import calibrate
+
+        calibrate()
+        return 0
+    preset = args.preset or ("h100-sxm" if args.gpus else CPU_HERE)
+    world = world_from(preset, args.gpus, args.nodes, args.gpu_memory, args.intra_node_gbps, args.inter_node_gbps)
+    _, info, costs = load_model(args.model)
+    request = request_from_plan_args(args)
+    request.validate()
+    plan = make_plan(info, costs, request, world, fp8_options=not args.no_fp8 and preset != CPU_HERE)
+    if args.json:
+        print(json.dumps(plan_json(plan), indent=1))
+        return 0
+    print(format_plan(plan, args))
+    if plan.recommended is None:
+        smallest = smallest_fitting_world(info, costs, plan.request, world)
+        print(f"\nNothing fits {world.size} rank(s) of {world.memory_bytes / 1e9:.1f} GB; "
+              + (f"the smallest world with a fitting layout has {smallest} ranks." if smallest
+                 else "no world up to 256 ranks fits."))
+        return 1
+    return 0
+
+
+def _count(n: float) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:.2f}" if x < 1e10 else f"{x / 1e9:.1f}"
+
+
+def format_plan(plan, args) -> str:
+    r = plan.request
+    info = plan.costs.info
+    frames = f" x {r.num_frames} frames" if info.is_video else ""
+    cfg = "two branches (CFG)" if info.runs_cfg(r.guidance_scale) else "one branch"
+    lines = [f"model: {info.source} ({info.pipeline_class}, transformer {_count(plan.costs.transformer_params)} "
+             f"parameters, text encoders {_count(plan.costs.text_encoder_params)})",
+             f"request: {r.height}x{r.width}{frames}, {r.num_inference_steps} steps, guidance {r.guidance_scale} "
+             f"({cfg}), {len(r.prompts)} image(s), "
+             f"{plan.costs.tokens(r.height, r.width, r.num_frames)} image tokens",
+             f"world: {describe(plan.world)}", ""]
+    header = (f"{'layout':<28} {'vae':<8} {'fp8':<3} {'text':<4} {'weights':>8} {'text':>6} {'activ':>7} "
+              f"{'kv':>6} {'vae':>6} {'peak GB':>8} {'step s':>8} {'total s':>8}  notes")
+    lines.append(header)
+    rows = [p for p in plan.rows if p.fits or not args.fits_only]
+    for p in rows[: args.top or None]:
+        m = p.memory
+        notes = []
+        if not p.fits:
+            notes.append("DOES NOT FIT")
+        if not p.exact:
+            notes.append("approximate")
+        if p is plan.recommended:
+            notes.insert(0, "<- recommended")
+        lines.append(f"{p.layout.describe():<28} {p.layout.vae:<8} {'on' if p.layout.fp8 else '-':<3} "
+                     f"{'cpu' if p.layout.text_on_cpu else 'dev':<4} {_gb(m.weights):>8} {_gb(m.text):>6} "
+                     f"{_gb(m.activations):>7} {_gb(m.stale_kv):>6} {_gb(m.vae):>6} {_gb(m.peak):>8} "
+                     f"{p.step_s:>8.3g} {p.total_s:>8.3g}  {' '.join(notes)}")
+    hidden = len(rows) - min(len(rows), args.top or len(rows))
+    if hidden:
+        lines.append(f"... {hidden} more row(s) (drop --top)")
+    fits = len(plan.fitting)
+    lines.append(f"\n{len(plan.rows)} legal layout(s), {fits} fit.")
+    if plan.recommended is not None:
+        best = plan.recommended
+        flags = best.layout.flags()
+        lines.append(f"recommended: {best.layout.describe()} (predicted {best.total_s:.3g} s end to end, "
+                     f"{best.memory.peak / 1e9:.2f} GB peak per rank): meshdit generate {flags}".rstrip())
+    return "\n".join(lines)
+
+
+def plan_json(plan) -> dict:
+    def row(p):
+        m = p.memory
+        return {"layout": dict(p.layout.degrees), "vae": p.layout.vae, "fp8": p.layout.fp8,
+                "text_on_cpu": p.layout.text_on_cpu, "flags": p.layout.flags(),
+                "memory_bytes": {"weights": m.weights, "text": m.text, "activations": m.activations,
+                                 "stale_kv": m.stale_kv, "vae": m.vae, "peak": m.peak},
+                "step_s": p.step_s, "total_s": p.total_s, "fits": p.fits, "exact": p.exact}
+
+    return {"world": describe(plan.world), "rows": [row(p) for p in plan.rows],
+            "recommended": row(plan.recommended) if plan.recommended else None}
+

@@ -1,0 +1,123 @@
+"""Every layout of a world: degrees per mesh axis that multiply to the world size, with the VAE decode and FP8
+choices, kept only where the model's own pre-launch checks (ModelInfo.check) accept it.
+
+A new mesh axis (e.g. tensor parallelism) is one row of AXIS_FIELDS (and its rule in `_allowed`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..config import MESH_AXES, GenerateRequest, MeshAxis, ParallelConfig
+from ..errors import ConfigError
+from ..models.info import ModelInfo
+
+AXIS_FIELDS: dict[str, str] = {
+    MeshAxis.DP: "data_parallel_degree",
+    MeshAxis.CFG: "cfg_degree",
+    MeshAxis.PP: "pipefusion_parallel_degree",
+    MeshAxis.RING: "ring_degree",
+    MeshAxis.ULYSSES: "ulysses_degree",
+}
+"""ParallelConfig's field of each mesh axis, outermost first (MESH_AXES' order)."""
+
+VAE_MODES = ("plain", "parallel", "tiled")
+"""plain: the image group's first rank decodes whole; parallel: row bands over the image group (exact);
+tiled: the VAE's own tiles on one rank (bounded error)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    degrees: tuple[tuple[str, int], ...]
+    """(axis, degree) outermost first."""
+    vae: str = "plain"
+    fp8: bool = False
+    """FP8 GEMMs (weights in FP8) and FP8 stale K/V."""
+    text_on_cpu: bool = False
+    """--text-encoder-device cpu: the text encoders' weights stay in host memory."""
+
+    def degree(self, axis: str) -> int:
+        return dict(self.degrees)[axis]
+
+    @property
+    def world_size(self) -> int:
+        size = 1
+        for _, d in self.degrees:
+            size *= d
+        return size
+
+    @property
+    def sp(self) -> int:
+        return self.degree(MeshAxis.RING) * self.degree(MeshAxis.ULYSSES)
+
+    @property
+    def image_group(self) -> int:
+        """Ranks that share one image (every axis but data parallelism)."""
+        return self.world_size // self.degree(MeshAxis.DP)
+
+    def parallel_config(self, compile: str | None = None) -> ParallelConfig:
+        return ParallelConfig(**{AXIS_FIELDS[axis]: d for axis, d in self.degrees}, compile=compile)
+
+    def describe(self) -> str:
+        return self.parallel_config().describe()
+
+    def flags(self) -> str:
+        """The generate flags that give this layout."""
+        out = []
+        for axis, d in self.degrees:
+            if d == 1:
+                continue
+            if axis == MeshAxis.CFG:
+                out.append("--use-cfg-parallel")
+            else:
+                out.append(f"--{AXIS_FLAGS[axis]} {d}")
+        if self.vae == "parallel":
+            out.append("--use-parallel-vae")
+        elif self.vae == "tiled":
+            out.append("--vae-tile-height 1024 --vae-tile-width 1024")
+        if self.fp8:
+            out += ["--fp8-gemm", "--fp8-stale-kv"] if self.degree(MeshAxis.PP) > 1 else ["--fp8-gemm"]
+        if self.text_on_cpu:
+            out.append("--text-encoder-device cpu")
+        return " ".join(out)
+
+
+AXIS_FLAGS = {MeshAxis.DP: "data-parallel-degree", MeshAxis.PP: "pipefusion-parallel-degree",
+              MeshAxis.RING: "ring-degree", MeshAxis.ULYSSES: "ulysses-degree"}
+
+
+def _allowed(axis: str, degree: int) -> bool:
+    return degree in (1, 2) if axis == MeshAxis.CFG else True
+
+
+def degree_tuples(world_size: int, axes=tuple(AXIS_FIELDS)) -> list[tuple[tuple[str, int], ...]]:
+    """Every assignment of degrees to `axes` whose product is world_size."""
+    if not axes:
+        return [()] if world_size == 1 else []
+    first, rest = axes[0], axes[1:]
+    out = []
+    for d in range(1, world_size + 1):
+        if world_size % d == 0 and _allowed(first, d):
+            out += [((first, d),) + tail for tail in degree_tuples(world_size // d, rest)]
+    return out
+
+
+def legal_layouts(info: ModelInfo, request: GenerateRequest, world_size: int, fp8_options: bool = True,
+                  parallel_vae: bool = True) -> list[Layout]:
+    """Layouts the model accepts for this request (its defaults filled), with and without FP8, each decoding in
+    parallel over its image group where it has more than one rank (exact, and never slower); the planner adds the
+    tiled-decode and text-on-CPU variants only where these do not fit (choose.make_plan).
+    request must have every value resolved (ModelInfo.request_defaults)."""
+    assert tuple(AXIS_FIELDS) == tuple(MESH_AXES), "AXIS_FIELDS must follow config.MESH_AXES"
+    images = len(request.prompts) * request.num_images_per_prompt
+    out = []
+    for degrees in degree_tuples(world_size):
+        layout = Layout(degrees)
+        config = layout.parallel_config()
+        try:
+            info.check(config, request.height, request.width, request.guidance_scale, images,
+                       request.patches(config), request.num_frames)
+        except ConfigError:
+            continue
+        vae = "parallel" if parallel_vae and layout.image_group > 1 else "plain"
+        for fp8 in ((False, True) if fp8_options else (False,)):
+            out.append(replace(layout, vae=vae, fp8=fp8))
+    return out

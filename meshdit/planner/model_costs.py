@@ -1,0 +1,169 @@
+"""What a model costs per token, read from its config JSON alone (no torch, no weights): parameters per block,
+FLOPs per step, activation and K/V bytes, VAE decode work. The formulas are written down in docs/planner.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from ..config_files import read_json
+from ..models.info import ModelInfo
+
+JOINT_ATTENTION = ("flux", "flux2", "sd3", "hunyuanvideo", "hunyuanvideo15", "cogvideox")
+"""Families whose text tokens join the image tokens in every attention (the others cross-attend to the text)."""
+
+
+@dataclass(frozen=True)
+class Block:
+    image_params: int
+    """Parameters applied to every image token (linears of the image stream; a single block's all)."""
+    text_params: int
+    """Parameters applied to every text token (a double block's text stream; 0 where text only joins attention)."""
+    joint: bool
+    """Its self-attention runs over image + text tokens."""
+    cross_params: int = 0
+    """Cross-attention K/V projections applied to text tokens (Wan)."""
+    text_through_image_params: bool = False
+    """A single-stream block: the text tokens go through the same (image) parameters."""
+
+    @property
+    def params(self) -> int:
+        return self.image_params + self.text_params + self.cross_params
+
+
+@dataclass(frozen=True)
+class ModelCosts:
+    info: ModelInfo
+    hidden: int
+    heads: int
+    blocks: tuple[Block, ...]
+    other_params: int
+    """Transformer parameters outside the blocks (embedders, final layer): every PipeFusion stage keeps them."""
+    mlp_ratio: float
+    text_encoder_params: int
+    vae_params: int
+    vae_base_channels: int
+    """Channels of the VAE decoder's full-resolution level (its activation memory scales with them)."""
+    vae_levels: tuple[int, ...]
+    vae_resnets_per_level: int
+    out_channels: int
+
+    @property
+    def transformer_params(self) -> int:
+        return self.other_params + sum(b.params for b in self.blocks)
+
+    def tokens(self, height: int, width: int, num_frames: int | None) -> int:
+        """Image (or video) tokens of one latent."""
+        frames = self.info.latent_frames(num_frames)
+        return frames * self.info.family.image_tokens(height, width, self.info.transformer_config,
+                                                      self.info.vae_scale_factor)
+
+    def step_flops(self, image_tokens: int, text_tokens: int, batch: int) -> tuple[float, float]:
+        """(linear, attention) forward FLOPs of one transformer call on `batch` sequences (2 per multiply-add)."""
+        linear = attention = 0.0
+        for b in self.blocks:
+            through = image_tokens + (text_tokens if b.text_through_image_params else 0)
+            linear += 2 * (b.image_params * through + b.text_params * text_tokens + b.cross_params * text_tokens)
+            s = image_tokens + (text_tokens if b.joint else 0)
+            attention += 4 * s * s * self.hidden  # Q K^T and P V
+            if not b.joint and b.cross_params:
+                attention += 4 * image_tokens * text_tokens * self.hidden
+        return batch * linear, batch * attention
+
+    def vae_decode_flops(self, height: int, width: int, frames: int) -> float:
+        """Convolution FLOPs of the decoder: at each level (full resolution first) its resnets' two 3x3 convs."""
+        total = 0.0
+        for i, channels in enumerate(self.vae_levels):
+            pixels = height * width / 4 ** i
+            total += 2 * 9 * channels * channels * pixels * 2 * self.vae_resnets_per_level
+        return total * max(1, frames)
+
+
+def costs_of(model_folder: str, info: ModelInfo) -> ModelCosts:
+    cfg = info.transformer_config
+    heads = int(cfg["num_attention_heads"])
+    hidden = heads * int(cfg["attention_head_dim"])
+    family = info.family.name
+    mlp_ratio = float(cfg.get("mlp_ratio", 4.0))
+    d = hidden
+    if family == "wan":
+        ffn = int(cfg["ffn_dim"])
+        text_dim = int(cfg.get("text_dim", d))
+        block = Block(image_params=4 * d * d + 2 * d * d + 2 * d * ffn, text_params=0, joint=False,
+                      cross_params=2 * d * d)
+        blocks = (block,) * int(cfg["num_layers"])
+        other = text_dim * d + d * d  # text embedder (2 linears), rest small
+        mlp_ratio = ffn / d
+    elif family == "flux2":  # SwiGLU MLPs (in: 2 x ratio, out: ratio), modulation shared outside the blocks
+        stream = 4 * d * d + 3 * int(mlp_ratio * d) * d
+        double = Block(stream, stream, joint=True)
+        single = Block(3 * d * d + 2 * int(mlp_ratio * d) * d + (d + int(mlp_ratio * d)) * d, 0, joint=True,
+                       text_through_image_params=True)
+        blocks = (double,) * int(cfg["num_layers"]) + (single,) * int(cfg.get("num_single_layers", 0))
+        other = int(cfg.get("joint_attention_dim", d)) * d + 6 * 3 * d * d
+    elif family in ("flux", "hunyuanvideo", "sd3", "pixart", "hunyuandit", "cogvideox", "ltx", "hunyuanvideo15"):
+        mlp = int(mlp_ratio * d)
+        stream = 4 * d * d + 2 * mlp * d + 6 * d * d  # attention, MLP, AdaLN modulation
+        text_stream = stream if family in JOINT_ATTENTION else 0
+        double = Block(stream, text_stream, joint=family in JOINT_ATTENTION)
+        single = Block(3 * d * d + mlp * d + (d + mlp) * d + 3 * d * d, 0, joint=True, text_through_image_params=True)
+        blocks = (double,) * int(cfg.get("num_layers", 0)) + (single,) * int(cfg.get("num_single_layers", 0))
+        text_dim = int(cfg.get("joint_attention_dim") or cfg.get("text_embed_dim") or d)
+        other = text_dim * d + 2 * d * d
+    else:  # pragma: no cover - every registered family is listed above
+        raise ValueError(f"no cost model for family {family}")
+    vae = read_json(model_folder, "vae/config.json")
+    levels, resnets = _vae_levels(vae)
+    return ModelCosts(info, hidden, heads, blocks, other, mlp_ratio, _text_encoder_params(model_folder),
+                      _vae_params(levels, resnets), levels[0], levels, resnets,
+                      int(cfg.get("out_channels") or cfg.get("in_channels") or 16))
+
+
+def _vae_levels(vae: dict) -> tuple[tuple[int, ...], int]:
+    """(decoder channels per level, full resolution first; resnets per level)."""
+    if "base_dim" in vae:  # Wan-style: base_dim x dim_mult
+        base = int(vae.get("decoder_base_dim") or vae["base_dim"])
+        return tuple(base * m for m in vae.get("dim_mult", [1, 2, 4, 4])), int(vae.get("num_res_blocks", 2)) + 1
+    channels = vae.get("decoder_block_out_channels") or vae.get("block_out_channels") or [128, 256, 512, 512]
+    return tuple(int(c) for c in channels), int(vae.get("layers_per_block", 2)) + 1
+
+
+def _vae_params(levels: tuple[int, ...], resnets: int) -> int:
+    """Encoder + decoder: two 3x3 convs per resnet at every level, both halves."""
+    return 2 * sum(2 * 9 * c * c * resnets for c in levels)
+
+
+def _text_encoder_params(folder: str) -> int:
+    """Every text encoder's parameters from its config (the folder's text_encoder*/config.json, else the
+    snapshot's planner.json)."""
+    configs = []
+    extra = os.path.join(folder, "planner.json")
+    if os.path.isfile(extra):
+        with open(extra, encoding="utf-8") as f:
+            configs = list(json.load(f).get("text_encoders", {}).values())
+    else:
+        index = read_json(folder, "model_index.json")
+        for name, value in index.items():
+            if name.startswith("text_encoder") and isinstance(value, list) and value[0] is not None \
+                    and os.path.isfile(os.path.join(folder, name, "config.json")):
+                configs.append(read_json(folder, f"{name}/config.json"))
+    return sum(encoder_params(c) for c in configs)
+
+
+def encoder_params(config: dict) -> int:
+    """A text encoder's parameters from its config fields (T5, CLIP, Llama/Mistral-style)."""
+    config = config.get("text_config", config)
+    if "d_model" in config:  # T5 / UMT5 encoder: gated FFN (3 matrices)
+        d, ff = int(config["d_model"]), int(config["d_ff"])
+        inner = int(config.get("num_heads", 1)) * int(config.get("d_kv", 0)) or d
+        gated = 3 if config.get("kind", "t5") == "t5" or "gated" in str(config.get("feed_forward_proj", "")) else 2
+        return int(config["num_layers"]) * (4 * d * inner + gated * d * ff) + int(config["vocab_size"]) * d
+    d, ff = int(config["hidden_size"]), int(config["intermediate_size"])
+    layers, vocab = int(config["num_hidden_layers"]), int(config.get("vocab_size", 0))
+    if "num_key_value_heads" in config:  # Llama / Mistral: grouped K/V, SwiGLU
+        head_dim = int(config.get("head_dim") or d // int(config["num_attention_heads"]))
+        q = int(config["num_attention_heads"]) * head_dim
+        kv = int(config["num_key_value_heads"]) * head_dim
+        return layers * (2 * d * q + 2 * d * kv + 3 * d * ff) + vocab * d
+    return layers * (4 * d * d + 2 * d * ff) + vocab * d  # CLIP

@@ -1,0 +1,182 @@
+"""The cost model: per-rank peak memory and time of one layout (docs/planner.md writes every formula out)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..config import GenerateRequest, MeshAxis
+from .hardware import Link, World
+from .layouts import Layout
+from .model_costs import ModelCosts
+
+ACTIVATION_TENSORS_FIXED = 3
+"""Hidden-sized tensors alive at a block's peak besides its MLP's: 3 + 3 x mlp_ratio in all (docs/planner.md)."""
+VAE_DECODE_TENSORS = 7.5
+"""Full-resolution, base-channel tensors alive at the VAE decoder's peak (docs/figures.md, "VAE decode memory")."""
+VAE_TILE_PX = 1024
+CALLS_PER_BLOCK = 100
+"""Operator calls of one transformer block's forward (projections, norms, modulation, attention, MLP)."""
+RING_STEP_CALLS = 8
+"""Kernel calls one ring step adds per attention (the block's attention, the merge's exp, scale and add)."""
+USABLE_MEMORY = 0.9
+"""Share of a rank's memory a layout may plan to use (allocator slack, the runtime's own context)."""
+ULYSSES_BUFFERS = 6
+"""Extra hidden-sized (per rank) tensors Ulysses holds at its peak: q, k, v packed for the all-to-all and received
+(measured on the benchmark model, docs/planner.md "Memory predictions checked")."""
+BATCHED_BRANCH_FAMILIES = frozenset({"sd3", "cogvideox", "hunyuandit", "ltx", "pixart"})
+"""Families whose recipe runs both guidance branches as one batched call (Recipe.batch_branches; tested equal):
+the others run them one after the other, so one branch's activations are alive at a time."""
+FP8_KV_BYTES = 1.1
+"""Bytes per stale K/V element held in FP8 (e4m3 values and a float32 scale per token and head)."""
+
+
+@dataclass(frozen=True)
+class Memory:
+    weights: float
+    text: float
+    activations: float
+    stale_kv: float
+    vae: float
+
+    @property
+    def peak(self) -> float:
+        """Rank 0's peak: its weights and text encoders, and the larger of denoising's and the decode's working
+        set (the stale K/V are freed before the VAE decodes)."""
+        return self.weights + self.text + max(self.activations + self.stale_kv, self.vae)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    layout: Layout
+    memory: Memory
+    step_s: float
+    """One denoising step after the warmup (PipeFusion: a patch step)."""
+    total_s: float
+    """Text encoding + every step + VAE decode."""
+    fits: bool
+    exact: bool
+    """Gives serial's image: no PipeFusion staleness, no FP8, no tiled decode."""
+    comm_s: float
+    """Of step_s: the communication not hidden behind compute."""
+
+
+def axis_link(layout: Layout, axis: str, world: World) -> Link:
+    """The link an axis' group talks over: inside a node when the group's ranks are neighbours within one
+    (innermost axes vary fastest, distributed/mesh.py)."""
+    axes = [a for a, _ in layout.degrees]
+    inner = math.prod(layout.degree(a) for a in axes[axes.index(axis) + 1:])
+    span = inner * layout.degree(axis)
+    return world.intra if span <= world.gpus_per_node else world.inter
+
+
+def _stage_blocks(costs: ModelCosts, stages: int) -> list[list]:
+    """Contiguous stages balanced by image-token parameters (pipefusion.block_weight's rule)."""
+    blocks = list(costs.blocks)
+    total = sum(b.image_params for b in blocks)
+    out, current, acc = [], [], 0.0
+    for i, b in enumerate(blocks):
+        current.append(b)
+        acc += b.image_params
+        left_blocks, left_stages = len(blocks) - i - 1, stages - len(out) - 1
+        if left_stages and (acc >= total * (len(out) + 1) / stages or left_blocks == left_stages):
+            out.append(current)
+            current = []
+    out.append(current)
+    return out
+
+
+def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRequest,
+            stage: int | None = None) -> Prediction:
+    """stage: the memory of that PipeFusion stage's ranks (default: the heaviest stage's, what must fit)."""
+    info = costs.info
+    dtype = world.dtype_bytes
+    dp, cfg, pp = layout.degree(MeshAxis.DP), layout.degree(MeshAxis.CFG), layout.degree(MeshAxis.PP)
+    ring, uly = layout.degree(MeshAxis.RING), layout.degree(MeshAxis.ULYSSES)
+    sp = ring * uly
+    images = len(request.prompts) * request.num_images_per_prompt
+    branches = (2 if info.runs_cfg(request.guidance_scale) else 1) // cfg  # per rank
+    batch = math.ceil(images / dp) * branches
+    batched = info.family.name in BATCHED_BRANCH_FAMILIES
+    live_batch = batch if batched else math.ceil(images / dp)
+    calls = 1 if batched else branches  # transformer calls per step: each sends its own messages
+    image_tokens = costs.tokens(request.height, request.width, request.num_frames)
+    text_tokens = int(request.extra.get("max_sequence_length") or info.request_defaults().max_sequence_length)
+    seq = image_tokens + text_tokens
+    d = costs.hidden
+    steps = request.num_inference_steps
+    warmup = min(request.warmup_steps, steps) if pp > 1 else steps
+    patches = request.patches(layout.parallel_config()) if pp > 1 else 1
+    flops = world.fp8_flops if layout.fp8 else world.flops
+
+    # --- memory of rank 0 (it holds the text encoders and decodes) ---
+    stages = _stage_blocks(costs, pp)
+    stage_params = max(sum(b.params for b in s) for s in stages) if stage is None else \
+        sum(b.params for b in stages[stage])
+    block_bytes = 1 if layout.fp8 else dtype
+    weights = stage_params * block_bytes + costs.other_params * dtype + costs.vae_params * dtype
+    text = 0.0 if layout.text_on_cpu else costs.text_encoder_params * dtype
+    tensors = ACTIVATION_TENSORS_FIXED + 3 * costs.mlp_ratio + (ULYSSES_BUFFERS if uly > 1 else 0)
+    activations = tensors * live_batch * seq / sp * d * dtype
+    stale = 0.0
+    if pp > 1 and warmup < steps:
+        layers = max(len(s) for s in stages) if stage is None else len(stages[stage])
+        stale = 2 * layers * batch * seq * (d / uly) * (FP8_KV_BYTES if layout.fp8 else dtype)
+    frames = info.vae_temporal_factor + 1 if info.is_video else 1  # causal video VAEs decode a few frames at a time
+    decoded_images = math.ceil(images / dp)
+    pixels = request.height * request.width
+    if layout.vae == "parallel":
+        pixels /= layout.image_group
+    elif layout.vae == "tiled":
+        pixels = min(pixels, VAE_TILE_PX * VAE_TILE_PX)
+    vae = VAE_DECODE_TENSORS * pixels * costs.vae_base_channels * frames * decoded_images * dtype
+    memory = Memory(weights, text, activations, stale, vae)
+
+    # --- time ---
+    linear_flops, attention_flops = costs.step_flops(image_tokens, text_tokens, batch)
+    attention_rate = world.attention_flops or flops
+    attention_s = attention_flops / sp / attention_rate
+    compute_full = linear_flops / sp / flops + attention_s + calls * len(costs.blocks) * CALLS_PER_BLOCK * world.launch_s
+    attn_layers = len(costs.blocks)
+    comm = 0.0
+    if uly > 1:  # q, k, v in one all-to-all, the output back in another, per attention layer
+        per_rank = batch * seq / sp * d * dtype * (uly - 1) / uly
+        comm += attn_layers * axis_link(layout, MeshAxis.ULYSSES, world).seconds(2 * (uly - 1) * calls, 4 * per_rank)
+    if ring > 1:  # K and V blocks passed ring - 1 times per attention, overlapped with the attention's compute
+        kv = 2 * batch * (seq / sp) * (d / uly) * dtype
+        ring_s = attn_layers * axis_link(layout, MeshAxis.RING, world).seconds((ring - 1) * calls, (ring - 1) * kv)
+        # each ring step is its own attention call plus a log-sum-exp merge of the partial outputs
+        comm += max(0.0, ring_s - attention_s) + calls * attn_layers * (ring - 1) * RING_STEP_CALLS * world.launch_s
+    if cfg > 1:  # the noise predictions' gather
+        comm += axis_link(layout, MeshAxis.CFG, world).seconds(1, batch * image_tokens * costs.out_channels * 4)
+    step_full = compute_full + comm
+    if pp > 1:
+        link = axis_link(layout, MeshAxis.PP, world)
+        hop = link.seconds(patches, batch * seq / sp * d * dtype)  # every patch's activations to the next stage
+        step_patch = compute_full / pp + max(0.0, hop - compute_full / pp) + comm / pp
+        bubble = (pp - 1) * (compute_full / pp / patches) if warmup < steps else 0.0
+        step_warm = compute_full + (pp - 1) * link.seconds(1, batch * seq / sp * d * dtype) + comm
+        denoise = warmup * step_warm + (steps - warmup) * step_patch + bubble
+        step, comm_s = step_patch, max(0.0, hop - compute_full / pp) + comm / pp
+    else:
+        denoise = steps * step_full
+        step, comm_s = step_full, comm
+    text_s = 2 * costs.text_encoder_params * text_tokens * len(request.prompts) * (
+        2 if info.runs_cfg(request.guidance_scale) else 1) / world.flops
+    vae_flops = costs.vae_decode_flops(request.height, request.width,
+                                       request.num_frames if info.is_video else 1) * decoded_images
+    vae_s = vae_flops / world.flops / (layout.image_group if layout.vae == "parallel" else 1)
+    if layout.vae == "tiled":
+        vae_s *= 1.25  # overlapping tiles
+    total = text_s + denoise + vae_s
+    exact = not layout.fp8 and layout.vae != "tiled" and (pp == 1 or warmup >= steps)
+    if world.shares_host_memory:  # the node's ranks map one copy of the weights; each holds its own working set
+        every_block = sum(b.params for b in costs.blocks) * block_bytes  # all stages' blocks, in one mapping
+        per_node = (memory.weights - stage_params * block_bytes + every_block + memory.text
+                    + world.gpus_per_node * (memory.peak - memory.weights - memory.text))
+        fits = per_node <= world.memory_bytes * world.gpus_per_node * USABLE_MEMORY
+    else:
+        fits = memory.peak <= world.memory_bytes * USABLE_MEMORY
+    return Prediction(layout, memory, step, total, fits, exact, comm_s)
+
+
+__all__ = ["Memory", "Prediction", "predict", "axis_link"]

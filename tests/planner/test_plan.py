@@ -1,0 +1,164 @@
+"""`meshdit plan`: no torch, seconds; the snapshots' sizes; the enumeration against the model's own checks; the
+memory and link rules of the cost model; the refusal when nothing fits."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from meshdit.config import GenerateRequest, MeshAxis
+from meshdit.errors import ConfigError
+from meshdit.planner.choose import auto_config, load_model, make_plan, smallest_fitting_world
+from meshdit.planner.hardware import PRESETS, cpu_here, parse_bytes, world_from
+from meshdit.planner.layouts import Layout, degree_tuples, legal_layouts
+from meshdit.planner.predict import axis_link, predict
+from meshdit.planner.snapshots import resolve_model, snapshot_names
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+MUST_SHOW = ["plan", "--model", "flux1-dev", "--gpus", "4", "--gpu-memory", "32GB", "--size", "1024x1024"]
+
+
+def test_plan_prints_the_table_in_under_2_s_without_torch():
+    code = ("import sys, time; t = time.perf_counter(); from meshdit.cli import main; rc = main(%r); "
+            "print('TORCH', 'torch' in sys.modules, 'RC', rc, 'SECONDS', time.perf_counter() - t)" % MUST_SHOW)
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": ROOT}, cwd=ROOT)
+    wall = time.perf_counter() - start
+    assert out.returncode == 0, out.stderr
+    last = out.stdout.strip().splitlines()[-1].split()
+    assert last[:4] == ["TORCH", "False", "RC", "0"], out.stdout
+    assert float(last[5]) < 2.0 and wall < 10, (last, wall)  # the process start is outside the 2 s
+    assert "recommended: " in out.stdout and "DOES NOT FIT" in out.stdout
+    assert "ulysses4" in out.stdout and "cfg2" not in out.stdout  # FLUX.1-dev is guidance-distilled
+
+
+@pytest.mark.parametrize("name, published, tolerance", [
+    ("flux1-dev", 12e9, 0.03), ("flux2-dev", 32.2e9, 0.01), ("sd3.5-large", 8.1e9, 0.01)])
+def test_snapshot_sizes_match_the_published_parameter_counts(name, published, tolerance):
+    """REFERENCE sizes: FLUX.2-dev 32.2 B, SD3.5 Large 8.1 B, FLUX.1-dev 12 B (the counts come from config
+    fields alone: the cost model's FLOPs and weights rest on them)."""
+    _, _, costs = load_model(name)
+    assert costs.transformer_params == pytest.approx(published, rel=tolerance)
+
+
+def test_snapshots_resolve_by_name_and_by_hub_id_and_pass_the_models_checks():
+    assert set(snapshot_names()) == {"flux1-dev", "flux2-dev", "sd3.5-large", "wan2.1-t2v-14b", "hunyuanvideo"}
+    assert resolve_model("black-forest-labs/FLUX.1-dev") == resolve_model("flux1-dev")
+    for name in snapshot_names():
+        _, info, costs = load_model(name)
+        plan = make_plan(info, costs, GenerateRequest(prompt="p"), PRESETS["h100-sxm"].with_size(8))
+        assert plan.rows and plan.recommended is not None, name
+
+
+def test_every_layout_multiplies_to_the_world_and_is_one_the_model_accepts():
+    _, info, costs = load_model(None)  # the bundled model: 4 heads, 9 blocks, CFG at its default guidance
+    request = GenerateRequest(prompt=["a", "b"]).with_defaults(info.request_defaults())
+    world = 8
+    layouts = legal_layouts(info, request, world, fp8_options=False)
+    assert {math.prod(d for _, d in layout.degrees) for layout in layouts} == {world}
+    accepted = set()
+    for degrees in degree_tuples(world):
+        try:
+            config = Layout(degrees).parallel_config()
+            info.check(config, request.height, request.width, request.guidance_scale, 2, request.patches(config))
+            accepted.add(degrees)
+        except ConfigError:
+            pass
+    assert {layout.degrees for layout in layouts} == accepted
+    assert all(layout.degree(MeshAxis.ULYSSES) <= 4 for layout in layouts)  # 4 heads
+    assert any(layout.degree(MeshAxis.CFG) == 2 for layout in layouts)
+    assert all(layout.degree(MeshAxis.DP) <= 2 for layout in layouts)  # two images
+
+
+def test_memory_rules_stage_cut_fp8_parallel_vae_and_stale_kv():
+    _, info, costs = load_model("flux1-dev")
+    request = GenerateRequest(prompt="p").with_defaults(info.request_defaults())
+    world = PRESETS["h100-sxm"].with_size(4)
+    by = {(r.layout.describe(), r.layout.fp8): r for r in
+          (predict(layout, costs, world, request) for layout in legal_layouts(info, request, 4))}
+    serial_blocks = by[("ulysses4", False)].memory.weights
+    # stages are balanced by image-token work (pipefusion.block_weight), so the stage of double blocks holds
+    # more than a quarter of the parameters (their text stream)
+    assert 0.25 * serial_blocks < by[("pp4", False)].memory.weights < 0.4 * serial_blocks
+    assert by[("ulysses4", True)].memory.weights < 0.55 * serial_blocks  # FP8 blocks: 1 byte instead of 2
+    assert by[("ulysses4", False)].memory.stale_kv == 0 and by[("pp4", False)].memory.stale_kv > 0
+    assert by[("pp4", True)].memory.stale_kv < 0.6 * by[("pp4", False)].memory.stale_kv
+    assert by[("ulysses4", False)].layout.vae == "parallel"
+    plain = predict(Layout(by[("ulysses4", False)].layout.degrees, vae="plain"), costs, world, request)
+    assert by[("ulysses4", False)].memory.vae == pytest.approx(plain.memory.vae / 4)
+
+
+def test_ulysses_inside_a_node_ring_across_nodes():
+    world = PRESETS["h100-sxm"].with_size(2, nodes=2)
+    layout = Layout(((MeshAxis.DP, 1), (MeshAxis.CFG, 1), (MeshAxis.PP, 1), (MeshAxis.RING, 2), (MeshAxis.ULYSSES, 2)))
+    assert axis_link(layout, MeshAxis.ULYSSES, world) == world.intra
+    assert axis_link(layout, MeshAxis.RING, world) == world.inter
+
+
+def test_a_slower_inter_node_link_moves_the_choice_off_ulysses_across_nodes():
+    _, info, costs = load_model("flux1-dev")
+    request = GenerateRequest(prompt="p", height=2048, width=2048)
+    fast = make_plan(info, costs, request, world_from("h100-sxm", 2, 2, inter_gbps=450), fp8_options=False)
+    slow = make_plan(info, costs, request, world_from("h100-sxm", 2, 2, inter_gbps=1), fp8_options=False)
+    by_fast = {r.layout.describe(): r.total_s for r in fast.rows if not r.layout.text_on_cpu}
+    by_slow = {r.layout.describe(): r.total_s for r in slow.rows if not r.layout.text_on_cpu}
+    assert by_slow["ulysses4"] > by_fast["ulysses4"] * 1.2  # its all-to-alls cross the slow link
+    assert slow.recommended.layout.describe() != "ulysses4"
+
+
+def test_nothing_fits_names_the_smallest_world(capsys):
+    from meshdit.cli import main
+
+    assert main(["plan", "--model", "flux2-dev", "--gpus", "1", "--gpu-memory", "16GB", "--no-fp8"]) == 1
+    out = capsys.readouterr().out
+    assert "Nothing fits 1 rank(s)" in out and "the smallest world with a fitting layout has" in out
+    _, info, costs = load_model("flux2-dev")
+    world = world_from("h100-sxm", 1, 1, "16GB")
+    smallest = smallest_fitting_world(info, costs, GenerateRequest(prompt="p"), world)
+    assert smallest and smallest > 1
+    with pytest.raises(ConfigError, match=f"--ranks {smallest}"):
+        auto_config("flux2-dev", GenerateRequest(prompt="p"), world)
+
+
+def test_calibration_file_feeds_the_cpu_preset(tmp_path, monkeypatch):
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"flops": 1.5e10, "launch_s": 3e-6, "latency_s": 1e-4, "bandwidth": 2e9}))
+    monkeypatch.setenv("MESHDIT_CALIBRATION", str(path))
+    world = cpu_here(1)
+    assert world.flops == 1.5e10 and world.intra.latency_s == 1e-4 and world.intra.bandwidth == 2e9
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plan", "--size", "1024"], "--size '1024' is not HxW"),
+    (["plan", "--gpu-memory", "lots", "--gpus", "2"], "--gpu-memory 'lots' is not a size"),
+    (["plan", "--gpus", "0"], "--gpus must be a whole number >= 1"),
+    (["plan", "--model", "flux1-dev", "--size", "1000x1000"], "height 1000 cannot be split"),
+])
+def test_bad_plan_flags_are_refused_naming_the_flag(argv, message, capsys):
+    from meshdit.cli import main
+
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_sizes_parse():
+    assert parse_bytes("32GB", "--gpu-memory") == 32e9
+    assert parse_bytes("80GiB", "--gpu-memory") == 80 * 1024 ** 3
+
+
+def test_batched_branch_families_match_the_recipes():
+    """The planner's list of families that run both guidance branches in one call is the recipes' own flag."""
+    import importlib
+
+    from meshdit.models.registry import FAMILIES
+    from meshdit.planner.predict import BATCHED_BRANCH_FAMILIES
+
+    batched = {f.name for f in FAMILIES if importlib.import_module(f.module).RECIPE.batch_branches}
+    assert batched == BATCHED_BRANCH_FAMILIES
