@@ -16,6 +16,7 @@ AXIS_FIELDS: dict[str, str] = {
     MeshAxis.PP: "pipefusion_parallel_degree",
     MeshAxis.RING: "ring_degree",
     MeshAxis.ULYSSES: "ulysses_degree",
+    MeshAxis.TP: "tensor_parallel_degree",
 }
 """ParallelConfig's field of each mesh axis, outermost first (MESH_AXES' order)."""
 
@@ -85,6 +86,8 @@ AXIS_FLAGS = {MeshAxis.DP: "data-parallel-degree", MeshAxis.PP: "pipefusion-para
 
 
 def _allowed(axis: str, degree: int) -> bool:
+    if axis == MeshAxis.TP:  # the cost model has no tensor-parallel terms yet: the planner leaves tp at 1
+        return degree == 1
     return degree in (1, 2) if axis == MeshAxis.CFG else True
 
 
