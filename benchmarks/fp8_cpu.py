@@ -11,25 +11,14 @@ matmuls) around unfused math. On FP8 GPUs the same calls run on FP8 tensor cores
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 from meshdit.attention.fp8 import emulated_fp8_attention
 from meshdit.attention.kernels import attention_with_lse
 from meshdit.quant.codec import Fp8WireCodec
+from meshdit.planner.calibrate import median_seconds
 from meshdit.quant.fp8_linear import Fp8Linear
-
-
-def median_seconds(fn, rounds: int = 7) -> float:
-    fn()  # warm up
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:

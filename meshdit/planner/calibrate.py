@@ -13,7 +13,7 @@ PING_SIZES = (1, 4 * 1024 * 1024)  # float32 elements: a latency probe and a ban
 ROUNDS = 7
 
 
-def _median_seconds(fn, rounds: int = ROUNDS) -> float:
+def median_seconds(fn, rounds: int = ROUNDS) -> float:
     fn()  # warm up
     times = []
     for _ in range(rounds):
@@ -30,11 +30,11 @@ def measure_compute() -> dict:
     torch.set_num_threads(1)
     try:
         a, b = torch.randn(MATMUL_SIZE, MATMUL_SIZE), torch.randn(MATMUL_SIZE, MATMUL_SIZE)
-        matmul_s = _median_seconds(lambda: [a @ b for _ in range(8)]) / 8
+        matmul_s = median_seconds(lambda: [a @ b for _ in range(8)]) / 8
         small = torch.nn.Linear(16, 16)
         x = torch.randn(1, 16)
         with torch.no_grad():
-            call_s = _median_seconds(lambda: [small(x) for _ in range(200)]) / 200
+            call_s = median_seconds(lambda: [small(x) for _ in range(200)]) / 200
     finally:
         torch.set_num_threads(threads)
     return {"flops": 2 * MATMUL_SIZE ** 3 / matmul_s, "launch_s": call_s}
@@ -62,7 +62,7 @@ def _ping_pong(out_path: str) -> None:
                     dist.recv(buf, 0)
                     dist.send(buf, 0)
 
-            result[n] = _median_seconds(once) / 2
+            result[n] = median_seconds(once) / 2
         if rank == 0:
             with open(out_path, "w", encoding="utf-8") as f:
                 json.dump(result, f)
