@@ -6,12 +6,11 @@ what this machine has available. The CLI prints a warning, never a refusal: the 
 from __future__ import annotations
 
 import glob
-import json
 import os
 from dataclasses import dataclass
 
 from .config import GenerateRequest, ParallelConfig
-from .config_files import read_safetensors_header
+from .config_files import read_json, read_safetensors_header
 from .errors import ConfigError
 
 WORK_WARNING_RATIO = 50.0
@@ -153,9 +152,8 @@ def estimate(model: str, info, config: ParallelConfig, request: GenerateRequest,
 def _decode_bytes(model: str, request: GenerateRequest, frames: int, vae, config: ParallelConfig) -> int:
     """Peak of the VAE decoder's last, full-resolution layers (float32): the tile, or this rank's band."""
     try:
-        with open(os.path.join(model, "vae", "config.json")) as f:
-            channels = max(int(c) for c in json.load(f).get("block_out_channels") or [128])
-    except (OSError, ValueError, TypeError):
+        channels = max(int(c) for c in read_json(model, "vae/config.json").get("block_out_channels") or [128])
+    except (ConfigError, ValueError, TypeError):
         channels = 128
     height = min(request.height, vae.tile_height) if vae is not None and vae.tile_height else request.height
     width = min(request.width, vae.tile_width) if vae is not None and vae.tile_width else request.width

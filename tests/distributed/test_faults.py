@@ -19,6 +19,7 @@ import pytest
 
 from meshdit.output import OutputWriteError, check_output_path, save_images
 from meshdit.errors import ConfigError
+from tests.distributed.cli_process import finish
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,13 +51,8 @@ def _start(entry: str, world: int, arg: str, env: dict) -> subprocess.Popen:
 
 
 def _finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    return proc.returncode, err
+    code, _, err = finish(proc, timeout)
+    return code, err
 
 
 def _assert_nothing_left(proc: subprocess.Popen, tmp: Path, stderr: str) -> None:
