@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from .config import GenerateRequest, ParallelConfig
-from .engine_settings import EngineSettings
+from .engine_settings import EngineSettings, check_lora_beside_fp8
 from .errors import ConfigError
 from .lora_files import named_adapters
 from .distributed.mesh import ParallelMesh, SingleProcessMesh
@@ -194,9 +194,7 @@ class Engine:
     def _load_adapters(self, fp8) -> None:
         from .loading.lora import check_pipeline_takes_lora, load_adapter, remove_adapters
 
-        if fp8 is not None and fp8.gemm:
-            raise ConfigError("--lora with --fp8-gemm: FP8 GEMMs replace the Linear layers an adapter runs beside; "
-                              "drop one of them (docs/lora.md)")
+        check_lora_beside_fp8(True, fp8)
         check_pipeline_takes_lora(self.pipe)
         keep = None
         if self.mesh.config.pipefusion_parallel_degree > 1:  # this stage's blocks only

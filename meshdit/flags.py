@@ -65,9 +65,11 @@ def model_from_args(args) -> str:
     return str(weights_path())
 
 
-def add_settings_flags(group, cls) -> None:
-    """The flags of every field of the dataclass `cls` that declares one, in field order."""
+def add_settings_flags(group, cls, skip: tuple[str, ...] = ()) -> None:
+    """The flags of every field of the dataclass `cls` that declares one, in field order (`skip`: dests left out)."""
     for f, spec in flag_specs(cls):
+        if spec.dest in skip:
+            continue
         flag(group, spec.name, *spec.aliases, dest=spec.dest, default=cli_default(f, spec), help=spec.help,
              **spec.argparse)
 
@@ -124,10 +126,7 @@ def add_request_flags(parser, skip: tuple[str, ...] = (),
     """What to draw: prompts, size, steps, seed, guidance; `skip`: the dests of flags this subcommand leaves out
     (serve takes prompts, seeds and image counts per request)."""
     group = parser.add_argument_group(title)
-    for f, spec in flag_specs(GenerateRequest):
-        if spec.dest not in skip:
-            flag(group, spec.name, *spec.aliases, dest=spec.dest, default=cli_default(f, spec), help=spec.help,
-                 **spec.argparse)
+    add_settings_flags(group, GenerateRequest, skip)
     if "prompt_file" not in skip:
         flag(group, "prompt-file", default=None, metavar="FILE",
              help="a UTF-8 text file with one prompt per line, blank lines skipped (default: none)")
@@ -158,7 +157,6 @@ def add_cache_flags(parser) -> None:
 def cache_from_args(args) -> "CacheSettings":  # noqa: F821 - lazy name
     """The request's cache settings as the flags give them; --use-teacache is refused here, naming what to use."""
     from .cache.settings import CacheSettings
-    from .errors import ConfigError
 
     if getattr(args, "use_teacache", False):
         raise ConfigError("--use-teacache: meshdit has no TeaCache (it needs coefficients fitted per model); use "

@@ -45,7 +45,6 @@ class CacheRun:
         self.mesh, self.branches, self.local, self.steps = mesh, branches, local, steps
         stages = mesh.group("pp") if mesh.size("pp") > 1 else None
         self.caches = [StepCache(t, plan, settings, mesh.group("sp"), stages) for t in transformers]
-        self.report: CacheReport | None = None
 
     def wrap(self, on_step):
         """on_step, telling the caches each step first."""
@@ -75,8 +74,7 @@ class CacheRun:
                            op="max").cpu()
         masks = {(branch, image): tuple(bool(c == 2) for c in codes[b, image].tolist())
                  for image in range(total_images) for b, branch in enumerate(self.branches)}
-        self.report = CacheReport(self.steps, masks)
-        return self.report
+        return CacheReport(self.steps, masks)
 
     def remove(self) -> None:
         for cache in self.caches:
@@ -84,7 +82,7 @@ class CacheRun:
 
 
 @contextmanager
-def cached_denoising(parallel, recipe, state, settings: CacheSettings, cfg_group):
+def cached_denoising(parallel, state, settings: CacheSettings, cfg_group):
     """Yields a CacheRun (None when the request has no cache); its report is complete after the block."""
     if settings is None or not settings.enabled:
         yield None

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..errors import ConfigError
 from ..distributed.comm import all_reduce, broadcast, group_rank, group_size
 from ..parallel.pipefusion import SkipBlock
 from ..parallel.plan import BlockList, StagePlan
@@ -34,8 +33,6 @@ class _Segment:
     """The middle blocks of one block list: their carried input at the first, residual at the last."""
 
     spec: BlockList
-    first: nn.Module
-    last: nn.Module
     residual: dict = field(default_factory=dict)  # per slot: carry -> [d0, d1, d2] Taylor terms [B, ...]
 
 
@@ -77,9 +74,7 @@ class StepCache:
         blocks = [(spec, modules[spec.path][i], start) for spec, start in _list_starts(plan, modules)
                   for i in range(len(modules[spec.path]))]
         n, front, back = len(blocks), self.settings.front_blocks, self.settings.back_blocks
-        if front + back >= n:
-            raise ConfigError(f"--cache-fn {front} + --cache-bn {back} leave none of this transformer's {n} blocks "
-                              f"to skip: use --cache-fn and --cache-bn that add up to at most {n - 1}.")
+        self.settings.check_blocks(n)
         # a SkipBlock (another PipeFusion stage's block) binds arguments with the signature of the block it replaces
         self._signatures = {id(b): getattr(b, "signature", None) or inspect.signature(b.forward) for _, b, _ in blocks}
         sig_spec, sig_block, sig_list_start = blocks[front - 1]
@@ -99,7 +94,7 @@ class StepCache:
             if not mine:
                 continue
             index = len(self.segments)
-            self.segments.append(_Segment(spec, mine[0], mine[-1]))
+            self.segments.append(_Segment(spec))
             self._hook(mine[0].register_forward_pre_hook(self._keep_segment_input(index), with_kwargs=True))
             for block in mine:
                 self._skip_when_cached(block, spec)

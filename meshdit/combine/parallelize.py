@@ -38,7 +38,7 @@ def parallelize(pipe, plan: ModelPlan, mesh: ParallelMesh | SingleProcessMesh, f
         check_backend(config.compile)  # before any hook is installed
     device = mesh.device
     backend = fp8_runtime.attention_backend(fp8, device)
-    transformers = denoisers(pipe)
+    transformers = done.denoisers
     if backend is not None:  # attention no sequence-parallel hook routes (serial, cross-attention)
         for transformer in transformers:
             done.handles += apply_attention_backend(transformer, backend)

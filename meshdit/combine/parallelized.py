@@ -44,7 +44,7 @@ class Parallelized:
         cfg_group = self.mesh.group("cfg")
         self.cache_report = None
         # -- step cache (meshdit/cache): hooks for this generation only, when the request asks for one --
-        with cached_denoising(self, recipe, state, request.cache, cfg_group) as cache:
+        with cached_denoising(self, state, request.cache, cfg_group) as cache:
             if cache is not None:
                 on_step = cache.wrap(on_step)
             if self.pipefusion is None:

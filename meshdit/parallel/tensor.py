@@ -95,8 +95,6 @@ class TensorParallel:
     """What apply_tensor_parallel did: which paths need a collective after them (install_reduces adds the hooks)."""
 
     group: object
-    ranks: int
-    rank: int
     row_biases: dict[str, torch.Tensor | None] = field(default_factory=dict)
     gathered: dict[str, list[int]] = field(default_factory=dict)
     """GATHERED Linear path -> every rank's output features."""
@@ -252,7 +250,7 @@ def apply_tensor_parallel(transformer: nn.Module, plan: TensorPlan, stages: Stag
     any module swap (FP8) to add the all-reduces."""
     ranks, rank = group_size(group), group_rank(group)
     heads = _heads(transformer, ranks)
-    done = TensorParallel(group, ranks, rank)
+    done = TensorParallel(group)
     shards = linear_shards(transformer, plan, stages, ranks, rank)
     if not shards:
         raise ConfigError(f"{type(transformer).__name__}: its tensor plan names no Linear of its blocks; "

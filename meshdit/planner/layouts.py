@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 from ..config import MESH_AXES, GenerateRequest, MeshAxis, ParallelConfig
 from ..errors import ConfigError
+from ..flag_spec import flag_text
 from ..models.info import ModelInfo
 
 AXIS_FIELDS: dict[str, str] = {
@@ -69,7 +70,7 @@ class Layout:
             if axis == MeshAxis.CFG:
                 out.append("--use-cfg-parallel")
             else:
-                out.append(f"--{AXIS_FLAGS[axis]} {d}")
+                out.append(f"{flag_text(ParallelConfig, AXIS_FIELDS[axis])} {d}")
         if self.vae == "parallel":
             out.append("--use-parallel-vae")
         elif self.vae == "tiled":
@@ -79,10 +80,6 @@ class Layout:
         if self.text_on_cpu:
             out.append("--text-encoder-device cpu")
         return " ".join(out)
-
-
-AXIS_FLAGS = {MeshAxis.DP: "data-parallel-degree", MeshAxis.PP: "pipefusion-parallel-degree",
-              MeshAxis.RING: "ring-degree", MeshAxis.ULYSSES: "ulysses-degree"}
 
 
 def _allowed(axis: str, degree: int) -> bool:

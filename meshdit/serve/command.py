@@ -75,7 +75,8 @@ def serve_settings(args, check_port: bool = False):
     check_exposure(args.host, api_key, args.allow_unauthenticated)
     from ..planner.auto import describe_choice, layout_from_flags
 
-    engine, prediction = layout_from_flags(args, engine_settings_from_args(args), request_from_args(args, ["-"]))
+    request = request_from_args(args, ["-"])
+    engine, prediction = layout_from_flags(args, engine_settings_from_args(args), request)
     if prediction is not None:
         print(f"meshdit serve: {describe_choice(engine, prediction)}")
     if args.lora_dir is not None:
@@ -83,7 +84,7 @@ def serve_settings(args, check_port: bool = False):
 
         engine.loras = tuple(adapters_in_dir(args.lora_dir).items())  # checked with the model just below
     # The smallest batch a request may make: one image per data-parallel group.
-    info, request = check_before_launch(engine, request_from_args(args, ["-"]),
+    info, request = check_before_launch(engine, request,
                                         num_images=max(engine.config.data_parallel_degree, 1))
     if info.is_video:
         raise ConfigError(f"meshdit serve answers image requests; this {info.pipeline_class} makes videos: "

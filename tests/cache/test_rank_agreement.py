@@ -60,6 +60,7 @@ def test_cached_layout_equals_cached_serial(run_ranks, name, degrees):
 def test_cached_hybrids_equal_cached_serial(run_ranks, degrees):
     name = "flux-4blocks"
     ref_images, ref_masks = serial(name)
+    assert_mixed(ref_masks)
     results = run_ranks(ParallelConfig(**degrees).world_size, cache_jobs.generate_cached, name, degrees,
                         CACHES[name], PROMPTS)
     check(results, ref_images, ref_masks)

@@ -83,11 +83,17 @@ def test_the_innermost_axis_stays_inside_a_node():
     from meshdit.planner.layouts import Layout
     from meshdit.planner.predict import axis_link
 
-    degrees = {MeshAxis.DP: 1, MeshAxis.CFG: 1, MeshAxis.PP: 1, MeshAxis.RING: 2, MeshAxis.ULYSSES: 2}
-    ranks = np.arange(4).reshape([degrees[a] for a in (MeshAxis.DP, MeshAxis.CFG, MeshAxis.PP, MeshAxis.RING,
-                                                         MeshAxis.ULYSSES)])
-    ulysses_groups = ranks.reshape(2, 2).tolist()  # the last axis varies fastest
-    ring_groups = ranks.reshape(2, 2).T.tolist()
+    from meshdit.config import MESH_AXES, ParallelConfig
+
+    config = ParallelConfig(ring_degree=2, ulysses_degree=2)
+    degrees = config.degrees
+    # the rank grid as mesh.py lays it out: DeviceMesh dims in MESH_AXES' order, the last varying fastest
+    ranks = np.arange(config.world_size).reshape([degrees[a] for a in MESH_AXES])
+
+    def groups(axis):
+        return np.moveaxis(ranks, MESH_AXES.index(axis), -1).reshape(-1, degrees[axis]).tolist()
+
+    ulysses_groups, ring_groups = groups(MeshAxis.ULYSSES), groups(MeshAxis.RING)
     node = {0: 0, 1: 0, 2: 1, 3: 1}
     assert all(len({node[r] for r in g}) == 1 for g in ulysses_groups)
     assert all(len({node[r] for r in g}) == 2 for g in ring_groups)

@@ -106,10 +106,10 @@ def test_tensor_plan_splits_what_the_diffusers_tp_plan_names(family):
             if isinstance(style, str):
                 theirs[full] = {"colwise": COLUMN, "rowwise": ROW}[style]
             else:
-                theirs[full] = COLUMN if isinstance(style, PackedColwiseParallel) else ROW
+                theirs[full] = ("packed", COLUMN if isinstance(style, PackedColwiseParallel) else ROW)
     plan = family.plan()
     ours = resolve(transformer, tensor_plan_for(transformer, plan.tensor), plan.stages)
-    ours = {p: (s.style if isinstance(s, Packed) else s) for p, s in ours.items()}
+    ours = {p: (("packed", s.style) if isinstance(s, Packed) else s) for p, s in ours.items()}
     assert theirs, "diffusers resolved no module"
     missing = sorted(p for p in theirs if ours.get(p) != theirs[p])
     assert not missing, f"meshdit does not split these as diffusers' _tp_plan does: {missing}"
