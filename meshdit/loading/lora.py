@@ -11,6 +11,7 @@ import warnings
 from typing import Callable
 
 from ..errors import ConfigError
+from ..lora_files import PEFT_KEY_PARTS
 
 TRANSFORMER_PREFIX = "transformer."
 
@@ -44,7 +45,7 @@ def load_adapter(pipe, name: str, path: str, keep: Callable[[str], bool] | None 
                  if not k.startswith(TRANSFORMER_PREFIX) or keep(k.removeprefix(TRANSFORMER_PREFIX))}
     if not state:
         return False
-    check_fits(pipe.transformer, state, path, keep)
+    check_fits(pipe.transformer, state, path)
     before = list_adapters(pipe)
     try:
         with _quiet_diffusers():
@@ -55,12 +56,12 @@ def load_adapter(pipe, name: str, path: str, keep: Callable[[str], bool] | None 
     return True
 
 
-def check_fits(transformer, state: dict, path: str, keep=None) -> None:
+def check_fits(transformer, state: dict, path: str) -> None:
     """Every transformer LoRA tensor (after diffusers' conversion) adapts a Linear layer of this model with its
     sizes: lora_A [r, in], lora_B [out, r]. Another model's adapter is refused naming the file and tensor."""
     modules = dict(transformer.named_modules())
     for key, tensor in state.items():
-        if not key.startswith(TRANSFORMER_PREFIX) or not (".lora_A." in key or ".lora_B." in key):
+        if not key.startswith(TRANSFORMER_PREFIX) or not any(p in key for p in PEFT_KEY_PARTS):
             continue
         module_name, part = key.removeprefix(TRANSFORMER_PREFIX).split(".lora_", 1)
         module = modules.get(module_name)
