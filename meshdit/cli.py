@@ -125,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"meshdit: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("meshdit: interrupted; all ranks stopped", file=sys.stderr)
+        from .distributed.launch import INTERRUPTED
+
+        print(INTERRUPTED, file=sys.stderr)
         return 130
     return 0
 

@@ -36,6 +36,9 @@ from .watch import HeartbeatWatch, RankLink, heartbeat_timeout
 _GRACE_AFTER_FAILURE_S = 2.0
 _STOP_GRACE_S = 3.0
 
+# On a line of its own: an interrupted rank's progress bar may have left its line open on the shared stderr.
+INTERRUPTED = "\nmeshdit: interrupted; all ranks stopped"
+
 
 def under_torchrun() -> bool:
     """True when torchrun (or another launcher) has set up this process as one rank."""
@@ -120,7 +123,7 @@ def _exit_soon_after_interrupt(grace_s: float = _STOP_GRACE_S):
             if not data:
                 return  # closed: the run is over
             if {signal.SIGINT, signal.SIGTERM} & set(data) and not unwound.wait(grace_s):
-                print("meshdit: interrupted; all ranks stopped", file=sys.stderr, flush=True)
+                print(INTERRUPTED, file=sys.stderr, flush=True)
                 hard_exit(130)
 
     thread = threading.Thread(target=watch, name="meshdit-interrupt-watch", daemon=True)
