@@ -84,7 +84,7 @@ BAD_INPUTS = {
     "fps-0": (["--fps", "0"], "--fps 0 is out of range"),
     "num-frames-0": (["--num-frames", "0"], "--num-frames 0 is out of range"),
     "num-frames-on-image-model": (["--num-frames", "9"], "--num-frames is for video models, but this FluxPipeline"),
-    "image-on-image-model": (["--image", "{tmp}/earlier.png"], "--image is for video models"),
+    "image-on-image-model": (["--image", "{tmp}/earlier.png"], "this FluxPipeline makes images from text alone and takes no image: drop --image"),
     "video-frames-not-4k+1": (["--model", "{tmp}/wan", "--num-frames", "10", "--output", "{tmp}/x.mp4"],
                               "--num-frames 10 cannot be encoded by this model's VAE"),
     "video-to-an-image-name": (["--model", "{tmp}/wan"], "this model makes videos; use a .mp4"),

@@ -178,10 +178,12 @@ class ModelInfo:
         """--num-frames, --fps and --image against what the pipeline makes (images, videos, from an image)."""
         what = self.pipeline_class
         if not self.is_video:
-            for flag, value in (("--num-frames", request.num_frames), ("--fps", request.fps),
-                                ("--image", request.image)):
+            for flag, value in (("--num-frames", request.num_frames), ("--fps", request.fps)):
                 if value is not None:
                     raise ConfigError(f"{flag} is for video models, but this {what} makes images: drop {flag}.")
+            self._check_image(request, takes=what in self.family.image_edit_pipelines,
+                              needs=what not in self.family.image_optional_pipelines,
+                              need="edits an image: pass the image to edit", refusal="makes images from text alone")
             return
         refused = [(self.pipeline_config, key, why) for key, why in self.family.refused_pipeline_config.items()]
         refused += [(self.transformer_config, key, why) for key, why in self.family.refused_transformer_config.items()]
@@ -203,12 +205,17 @@ class ModelInfo:
             raise ConfigError(f"--num-frames {frames} gives {latent} latent frames, which this model's temporal "
                               f"patch of {patch} frames cannot cut: use --num-frames {(low - 1) * factor + 1} or "
                               f"{(low + patch - 1) * factor + 1}.")
-        animates = what in self.family.image_to_video_pipelines
-        if animates and request.image is None:
-            raise ConfigError(f"this {what} animates an image: pass its first frame with --image PATH.")
-        if not animates and request.image is not None:
-            raise ConfigError(f"this {what} makes videos from text alone and takes no image: drop --image "
-                              "(or use the family's image-to-video model).")
+        self._check_image(request, takes=what in self.family.image_to_video_pipelines, needs=True,
+                          need="animates an image: pass its first frame", refusal="makes videos from text alone")
+
+    def _check_image(self, request: GenerateRequest, takes: bool, needs: bool, need: str, refusal: str) -> None:
+        """--image against the pipeline: one it needs must be given, one it cannot take is refused."""
+        what = self.pipeline_class
+        if takes and needs and request.image is None:
+            raise ConfigError(f"this {what} {need} with --image PATH.")
+        if not takes and request.image is not None:
+            raise ConfigError(f"this {what} {refusal} and takes no image: drop --image "
+                              "(or use the family's image-input model).")
         if isinstance(request.image, str) and not os.path.isfile(request.image):  # (the API may pass a PIL image)
             raise ConfigError(f"--image {request.image!r}: no such file; pass the path of an image file.")
 

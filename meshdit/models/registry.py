@@ -67,6 +67,12 @@ class ModelFamily:
     """The VAE config key holding its temporal compression: frame counts must be k * factor + 1."""
     image_to_video_pipelines: tuple[str, ...] = ()
     """Pipelines of the family that animate an --image (the others refuse one)."""
+    # -- image inputs of image families --
+    image_edit_pipelines: tuple[str, ...] = ()
+    """Image families: pipelines that take an --image to edit or condition on (Qwen-Image-Edit, FLUX.1 Kontext);
+    the family's other pipelines refuse one."""
+    image_optional_pipelines: tuple[str, ...] = ()
+    """Of image_edit_pipelines, those that also run without an --image (FLUX.1 Kontext draws from text alone)."""
     refused_pipeline_config: dict[str, str] = field(default_factory=dict)
     """model_index.json keys that, when true, name a variant the family's plan does not cover -> why."""
     refused_transformer_config: dict[str, str] = field(default_factory=dict)
