@@ -6,7 +6,7 @@ from meshdit.engine import Engine
 from meshdit.denoising.recipe import COND
 from meshdit.testing.rank_pool import mesh_for, split_layout
 from meshdit.models.registry import family_for_pipeline
-from meshdit.testing.tiny_models import scaled_size, tiny_flux_pipeline, tiny_pipeline, tiny_tests
+from meshdit.testing.tiny_models import sample_image, scaled_size, tiny_flux_pipeline, tiny_pipeline, tiny_tests
 
 _PIPES: dict = {}
 MAX_SEQ = 6  # text tokens: 6 (Flux), 77 + 6 = 83 (SD3): not divisible by 4
@@ -30,6 +30,8 @@ def request(name: str, height: int, width: int, seed: int = 3, steps: int = 2, p
     if tests.prompt_embeds:  # a tiny pipeline without a text encoder: fixed prompt embeddings, one row per prompt
         extra["prompt_embeds"] = torch.randn(len(prompts), *tests.prompt_embeds,
                                              generator=torch.Generator().manual_seed(7))
+    edits = type(pipeline(name)).__name__ in family_for_pipeline(type(pipeline(name)).__name__).image_edit_pipelines
+    settings.setdefault("image", sample_image(height, width) if edits else None)  # an edit pipeline's input image
     return GenerateRequest(prompt=prompts, height=height, width=width, num_inference_steps=steps, seed=seed,
                            guidance_scale=tests.guidance, num_images_per_prompt=per_prompt, extra=extra, **settings)
 
