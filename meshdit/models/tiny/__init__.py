@@ -30,6 +30,9 @@ class TinyTests:
     layouts)."""
     variants: tuple[str, ...] = ()
     """Image families: other pipelines or variants of the family, run under Ring 2 x Ulysses 2."""
+    edit: str | None = None
+    """The family's tiny image-edit pipeline (a name in BUILDERS; its row's image_edit_pipelines), where it has one:
+    the --image CLI test and serve's /v1/images/edits test run it."""
     layouts: tuple[str, ...] | None = None
     """Ids of the family test's layouts that apply (image: tests/test_cfg_data_parallel.CASES; video:
     tests/test_video.FAMILY_LAYOUTS); None: every one; (): none there (a test file of its own covers them)."""
