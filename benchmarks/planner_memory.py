@@ -21,6 +21,8 @@ LAYOUTS = {
     "pp2": {"pipefusion_parallel_degree": 2},
     "pp4": {"pipefusion_parallel_degree": 4},
     "cfg2": {"cfg_degree": 2},
+    "tp2": {"tensor_parallel_degree": 2},
+    "tp2 x ulysses2": {"tensor_parallel_degree": 2, "ulysses_degree": 2},
 }
 
 
@@ -71,7 +73,8 @@ def predicted(folder: str, request, degrees: dict, rank: int):
     layout = Layout(tuple((axis, degrees.get(field, 1)) for field, axis in fields.items()),
                     vae="plain")
     world = world_from("cpu-here", layout.world_size, 1)
-    stage = rank // layout.sp % layout.degree(MeshAxis.PP)  # the rank's pp coordinate (pp outside ring, ulysses)
+    inner = layout.sp * layout.degree(MeshAxis.TP)  # ranks inside one stage (ring, ulysses, tp vary faster)
+    stage = rank // inner % layout.degree(MeshAxis.PP)  # the rank's pp coordinate
     p = predict(layout, costs, world, request.with_defaults(info.request_defaults()), stage=stage)
     weights = p.memory.weights - costs.vae_params * world.dtype_bytes
     return weights, max(p.memory.activations + p.memory.stale_kv, p.memory.vae)

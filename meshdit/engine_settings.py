@@ -41,6 +41,7 @@ class EngineSettings:
         """The settings' own ranges (no model needed); ConfigError naming the flag. prelaunch adds the model's."""
         self.config.validate()
         self.vae.validate()
+        self.loading.validate(self.config.world_size)
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.fp8 is not None:

@@ -34,6 +34,10 @@ def load_pipeline(model: str, device: torch.device, torch_dtype: torch.dtype | N
     except (OSError, ValueError) as exc:
         raise ConfigError(f"could not load the pipeline {model!r}: {exc}") from exc
     pipe.set_progress_bar_config(disable=True)
+    if options.text_encoder_parallel:  # before the move: the device holds only this rank's stage
+        from .text_stages import split_text_encoders
+
+        split_text_encoders(pipe, [n for n in pipe.components if n.startswith("text_encoder")])
     pipe.to(device)
     if options.text_encoder_device:  # text encoders stay there; embeddings move to `device`
         from .text import encode_on_one_rank

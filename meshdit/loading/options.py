@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from ..errors import ConfigError
 from ..flag_spec import flagged
 
 TRANSPORTS = ("auto", "shared", "broadcast")
@@ -18,10 +19,23 @@ class LoadOptions:
     text_encoder_device: str | None = flagged(
         None, flag="text-encoder-device", choices=["cpu"],
         help="keep the text encoders on the CPU (default: the rank's device)")
+    text_encoder_parallel: bool = flagged(
+        False, flag="text-encoder-parallel", action="store_true",
+        help="split every text encoder's layers over the ranks, each holding one contiguous run of them, instead of "
+             "encoding on one rank that holds them all (default: off; docs/loading.md)")
     # How the weights reach the ranks. "shared": every CPU rank maps the same read-only file pages
     # (one copy in host memory); "broadcast": rank 0 reads tensor by tensor and sends each to the
     # ranks that need it (GPU ranks). "auto": shared on CPU, broadcast otherwise.
     transport: str = "auto"
+
+    def validate(self, world_size: int) -> None:
+        """ConfigError naming the flag (EngineSettings.validate)."""
+        if self.text_encoder_parallel and world_size == 1:
+            raise ConfigError("--text-encoder-parallel splits the text encoders over the ranks, but this run has one "
+                              "rank: drop it, or run on more ranks.")
+        if self.text_encoder_parallel and self.text_encoder_device:
+            raise ConfigError("--text-encoder-parallel with --text-encoder-device: the first splits the encoders over "
+                              "the ranks' devices, the second keeps them whole on the CPU; drop one of them.")
 
     def efficient(self, world_size: int) -> bool:
         return world_size > 1 if self.memory_efficient is None else self.memory_efficient

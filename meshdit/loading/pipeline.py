@@ -10,6 +10,7 @@ from ..errors import ConfigError
 from .load import LoadReport, load_model
 from .options import LoadOptions
 from .text import ENCODING_RANK, encode_on_one_rank, text_encoder_names
+from .text_stages import split_text_encoders
 
 
 def local_folder(model: str) -> str:
@@ -56,8 +57,10 @@ def load_pipeline_efficiently(model: str, device: torch.device, dtype: torch.dty
     transformer, report = load_model(folder, "transformer", device, dtype, select,
                                      options.transport_for(device.type), on_loaded=on_loaded)
     encoders = text_encoder_names(folder)
-    # Only the encoding rank loads the text encoders; the others get its embeddings.
-    skipped = {} if dist.get_rank() == ENCODING_RANK else {name: None for name in encoders}
+    # Only the encoding rank loads the text encoders and the others get its embeddings, unless the encoders' layers
+    # are split over the ranks (each loads them, then keeps its stage before anything reaches the device).
+    encoding_here = options.text_encoder_parallel or dist.get_rank() == ENCODING_RANK
+    skipped = {} if encoding_here else {name: None for name in encoders}
     if not vae_here and os.path.isdir(os.path.join(folder, "vae")):
         skipped["vae"] = build_skeleton(folder, "vae")  # the config without the weights
     try:
@@ -66,10 +69,13 @@ def load_pipeline_efficiently(model: str, device: torch.device, dtype: torch.dty
         raise ConfigError(f"could not load the pipeline {model!r}: {exc}") from exc
     pipe.set_progress_bar_config(disable=True)
     encoder_device = torch.device(options.text_encoder_device or device)
+    if options.text_encoder_parallel:
+        split_text_encoders(pipe, encoders)  # still in host memory: only this rank's stage moves on
     for name, component in pipe.components.items():
         if isinstance(component, torch.nn.Module) and name != "transformer" and name not in skipped:  # in place
             component.to(encoder_device if name in encoders else device)
-    encode_on_one_rank(pipe, device, encoder_device)
+    if not options.text_encoder_parallel:
+        encode_on_one_rank(pipe, device, encoder_device)
     pipe.load_report = report
     return pipe
 

@@ -25,13 +25,14 @@ def text_encoder_names(folder: str) -> list[str]:
             if name.startswith("text_encoder") and isinstance(value, list) and value[0] is not None]
 
 
-def _tree_to(value, device):
+def tree_to(value, device):
+    """Every tensor of a nested tuple / list / dict moved to `device`."""
     if isinstance(value, torch.Tensor):
         return value.to(device)
     if isinstance(value, (tuple, list)):
-        return type(value)(_tree_to(v, device) for v in value)
+        return type(value)(tree_to(v, device) for v in value)
     if isinstance(value, dict):
-        return {k: _tree_to(v, device) for k, v in value.items()}
+        return {k: tree_to(v, device) for k, v in value.items()}
     return value
 
 
@@ -51,7 +52,7 @@ def encode_on_one_rank(pipe, device: torch.device, encoder_device: torch.device)
             kwargs["device"] = encoder_device
             try:
                 with torch.inference_mode():
-                    box[0] = ("ok", _tree_to(original(*args, **kwargs), "cpu"))  # objects travel via the CPU
+                    box[0] = ("ok", tree_to(original(*args, **kwargs), "cpu"))  # objects travel via the CPU
             except Exception as exc:  # noqa: BLE001 - every rank raises it, none waits forever
                 box[0] = ("error", f"{type(exc).__name__}: {exc}")
                 if alone:
@@ -61,6 +62,6 @@ def encode_on_one_rank(pipe, device: torch.device, encoder_device: torch.device)
         status, value = box[0]
         if status == "error":
             raise RuntimeError(f"encoding the prompt on rank {ENCODING_RANK} failed: {value}")
-        return _tree_to(value, device)
+        return tree_to(value, device)
 
     pipe.encode_prompt = encode_prompt

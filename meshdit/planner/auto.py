@@ -82,6 +82,8 @@ def resolve_auto(engine: EngineSettings, request: GenerateRequest, ranks: int | 
     loading = engine.loading
     if chosen.layout.text_on_cpu and loading.text_encoder_device is None:
         loading = replace(loading, text_encoder_device="cpu")
+    if chosen.layout.text_parallel:
+        loading = replace(loading, text_encoder_parallel=True)
     return replace(engine, config=config, vae=vae, loading=loading), chosen
 
 

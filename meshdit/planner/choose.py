@@ -48,11 +48,16 @@ def make_plan(info: ModelInfo, costs: ModelCosts, request: GenerateRequest, worl
         layouts = [layout for layout in layouts if all(layout.degree(a) == d for a, d in fixed.items())]
     rows = [predict(layout, costs, world, request) for layout in layouts]
     # variants that hold less, listed only where the plain one does not fit: a tiled decode (bounded error),
-    # the text encoders on the host (--text-encoder-device cpu), both
-    for change in ({"vae": "tiled"}, {"text_on_cpu": True}, {"vae": "tiled", "text_on_cpu": True}):
+    # the text encoders split over the ranks (--text-encoder-parallel) or on the host (--text-encoder-device cpu),
+    # and a tiled decode with either
+    text_moves = ({"text_parallel": True}, {"text_on_cpu": True})
+    for change in ({"vae": "tiled"},) + text_moves + tuple({"vae": "tiled", **t} for t in text_moves):
+        moves_text = "text_on_cpu" in change or "text_parallel" in change
         rows += [predict(replace(r.layout, **change), costs, world, request) for r in list(rows)
-                 if not r.fits and (r.layout.vae == "plain" or "vae" not in change) and not r.layout.text_on_cpu
-                 and ((r.memory.text and not world.shares_host_memory) or "text_on_cpu" not in change)]
+                 if not r.fits and (r.layout.vae == "plain" or "vae" not in change)
+                 and not (r.layout.text_on_cpu or r.layout.text_parallel)
+                 and (not moves_text or (r.memory.text and not world.shares_host_memory))
+                 and (world.size > 1 or "text_parallel" not in change)]
     rows = _dedupe(rows)
     rows.sort(key=lambda r: (not r.fits, r.total_s, r.memory.peak))
     pool = [r for r in rows if r.fits and r.exact] or ([] if exact_only else [r for r in rows if r.fits])
@@ -78,7 +83,8 @@ def _without_tiling(plan: Plan) -> Prediction | None:
 
 def _plain_first(row: Prediction) -> int:
     """Among near-equal layouts prefer no FP8, the text encoders on the device, an untiled decode."""
-    return int(row.layout.fp8) + int(row.layout.text_on_cpu) + int(row.layout.vae == "tiled")
+    return int(row.layout.fp8) + int(row.layout.text_on_cpu) + int(row.layout.text_parallel) + \
+        int(row.layout.vae == "tiled")
 
 
 def _dedupe(rows: list[Prediction]) -> list[Prediction]:

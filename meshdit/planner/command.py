@@ -112,7 +112,7 @@ def format_plan(plan, args) -> str:
              f"({cfg}), {len(r.prompts)} image(s), "
              f"{plan.costs.tokens(r.height, r.width, r.num_frames)} image tokens",
              f"world: {describe(plan.world)}", ""]
-    header = (f"{'layout':<28} {'vae':<8} {'fp8':<3} {'text':<4} {'weights':>8} {'text':>6} {'activ':>7} "
+    header = (f"{'layout':<28} {'vae':<8} {'fp8':<3} {'text':<5} {'weights':>8} {'text':>6} {'activ':>7} "
               f"{'kv':>6} {'vae':>6} {'peak GB':>8} {'step s':>8} {'total s':>8}  notes")
     lines.append(header)
     rows = [p for p in plan.rows if p.fits or not args.fits_only]
@@ -126,7 +126,7 @@ def format_plan(plan, args) -> str:
         if p is plan.recommended:
             notes.insert(0, "<- recommended")
         lines.append(f"{p.layout.describe():<28} {p.layout.vae:<8} {'on' if p.layout.fp8 else '-':<3} "
-                     f"{'cpu' if p.layout.text_on_cpu else 'dev':<4} {_gb(m.weights):>8} {_gb(m.text):>6} "
+                     f"{_text_place(p.layout):<5} {_gb(m.weights):>8} {_gb(m.text):>6} "
                      f"{_gb(m.activations):>7} {_gb(m.stale_kv):>6} {_gb(m.vae):>6} {_gb(m.peak):>8} "
                      f"{p.step_s:>8.3g} {p.total_s:>8.3g}  {' '.join(notes)}")
     hidden = len(rows) - min(len(rows), args.top or len(rows))
@@ -146,7 +146,7 @@ def plan_json(plan) -> dict:
     def row(p):
         m = p.memory
         return {"layout": dict(p.layout.degrees), "vae": p.layout.vae, "fp8": p.layout.fp8,
-                "text_on_cpu": p.layout.text_on_cpu, "flags": p.layout.flags(),
+                "text_on_cpu": p.layout.text_on_cpu, "text_parallel": p.layout.text_parallel, "flags": p.layout.flags(),
                 "memory_bytes": {"weights": m.weights, "text": m.text, "activations": m.activations,
                                  "stale_kv": m.stale_kv, "vae": m.vae, "peak": m.peak},
                 "step_s": p.step_s, "total_s": p.total_s, "fits": p.fits, "exact": p.exact}
@@ -154,3 +154,7 @@ def plan_json(plan) -> dict:
     return {"world": describe(plan.world), "rows": [row(p) for p in plan.rows],
             "recommended": row(plan.recommended) if plan.recommended else None}
 
+
+def _text_place(layout) -> str:
+    """Where the text encoders are: on the device (dev), split over the ranks (split), on the host (cpu)."""
+    return "cpu" if layout.text_on_cpu else "split" if layout.text_parallel else "dev"

@@ -1,7 +1,7 @@
 """Every layout of a world: degrees per mesh axis that multiply to the world size, with the VAE decode and FP8
 choices, kept only where the model's own pre-launch checks (ModelInfo.check) accept it.
 
-A new mesh axis (e.g. tensor parallelism) is one row of AXIS_FIELDS (and its rule in `_allowed`)."""
+A new mesh axis is one row of AXIS_FIELDS (and its rule in `_allowed`), and its terms in predict.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -35,9 +35,11 @@ class Layout:
     """FP8 GEMMs (weights in FP8) and FP8 stale K/V."""
     text_on_cpu: bool = False
     """--text-encoder-device cpu: the text encoders' weights stay in host memory."""
+    text_parallel: bool = False
+    """--text-encoder-parallel: the text encoders' layers split over every rank."""
 
     def degree(self, axis: str) -> int:
-        return dict(self.degrees)[axis]
+        return dict(self.degrees).get(axis, 1)
 
     @property
     def world_size(self) -> int:
@@ -79,12 +81,12 @@ class Layout:
             out += ["--fp8-gemm", "--fp8-stale-kv"] if self.degree(MeshAxis.PP) > 1 else ["--fp8-gemm"]
         if self.text_on_cpu:
             out.append("--text-encoder-device cpu")
+        if self.text_parallel:
+            out.append("--text-encoder-parallel")
         return " ".join(out)
 
 
 def _allowed(axis: str, degree: int) -> bool:
-    if axis == MeshAxis.TP:  # the cost model has no tensor-parallel terms yet: the planner leaves tp at 1
-        return degree == 1
     return degree in (1, 2) if axis == MeshAxis.CFG else True
 
 

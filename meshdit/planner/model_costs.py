@@ -42,6 +42,8 @@ class ModelCosts:
     """Transformer parameters outside the blocks (embedders, final layer): every PipeFusion stage keeps them."""
     mlp_ratio: float
     text_encoder_params: int
+    text_encoder_layer_params: int
+    """Of text_encoder_params, those in the encoders' layers (what --text-encoder-parallel splits over the ranks)."""
     vae_params: int
     vae_base_channels: int
     """Channels of the VAE decoder's full-resolution level (its activation memory scales with them)."""
@@ -115,7 +117,7 @@ def costs_of(model_folder: str, info: ModelInfo) -> ModelCosts:
         raise ValueError(f"no cost model for family {family}")
     vae = read_json(model_folder, "vae/config.json")
     levels, resnets = _vae_levels(vae)
-    return ModelCosts(info, hidden, heads, blocks, other, mlp_ratio, _text_encoder_params(model_folder),
+    return ModelCosts(info, hidden, heads, blocks, other, mlp_ratio, *_text_encoder_params(model_folder),
                       _vae_params(levels, resnets), levels[0], levels, resnets,
                       int(cfg.get("out_channels") or cfg.get("in_channels") or 16))
 
@@ -134,9 +136,9 @@ def _vae_params(levels: tuple[int, ...], resnets: int) -> int:
     return 2 * sum(2 * 9 * c * c * resnets for c in levels)
 
 
-def _text_encoder_params(folder: str) -> int:
+def _text_encoder_params(folder: str) -> tuple[int, int]:
     """Every text encoder's parameters from its config (the folder's text_encoder*/config.json, else the
-    snapshot's planner.json)."""
+    snapshot's planner.json): (all, those in their layers)."""
     configs = []
     extra = os.path.join(folder, "planner.json")
     if os.path.isfile(extra):
@@ -148,12 +150,16 @@ def _text_encoder_params(folder: str) -> int:
             if name.startswith("text_encoder") and isinstance(value, list) and value[0] is not None \
                     and os.path.isfile(os.path.join(folder, name, "config.json")):
                 configs.append(read_json(folder, f"{name}/config.json"))
-    return sum(encoder_params(c) for c in configs)
+    return sum(encoder_params(c) for c in configs), sum(encoder_params(c, layers_only=True) for c in configs)
 
 
-def encoder_params(config: dict) -> int:
-    """A text encoder's parameters from its config fields (T5, CLIP, Llama/Mistral-style)."""
+def encoder_params(config: dict, layers_only: bool = False) -> int:
+    """A text encoder's parameters from its config fields (T5, CLIP, Llama/Mistral-style); layers_only: without the
+    token embeddings."""
     config = config.get("text_config", config)
+    if layers_only:
+        return encoder_params(config) - int(config.get("vocab_size", 0)) * int(config.get("d_model") or
+                                                                               config["hidden_size"])
     if "d_model" in config:  # T5 / UMT5 encoder: gated FFN (3 matrices)
         d, ff = int(config["d_model"]), int(config["d_ff"])
         inner = int(config.get("num_heads", 1)) * int(config.get("d_kv", 0)) or d

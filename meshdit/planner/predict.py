@@ -26,6 +26,8 @@ ULYSSES_BUFFERS = 6
 BATCHED_BRANCH_FAMILIES = frozenset({"sd3", "cogvideox", "hunyuandit", "ltx", "pixart"})
 """Families whose recipe runs both guidance branches as one batched call (Recipe.batch_branches; tested equal):
 the others run them one after the other, so one branch's activations are alive at a time."""
+TP_REDUCES_PER_BLOCK = 2
+"""All-reduces tensor parallelism adds per block (after the attention's and the MLP's row-parallel Linears)."""
 FP8_KV_BYTES = 1.1
 """Bytes per stale K/V element held in FP8 (e4m3 values and a float32 scale per token and head)."""
 
@@ -92,6 +94,7 @@ def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRe
     dtype = world.dtype_bytes
     dp, cfg, pp = layout.degree(MeshAxis.DP), layout.degree(MeshAxis.CFG), layout.degree(MeshAxis.PP)
     ring, uly = layout.degree(MeshAxis.RING), layout.degree(MeshAxis.ULYSSES)
+    tp = layout.degree(MeshAxis.TP)  # splits the blocks' heads and MLP hidden (their Linears) over its ranks
     sp = ring * uly
     images = len(request.prompts) * request.num_images_per_prompt
     branches = (2 if info.runs_cfg(request.guidance_scale) else 1) // cfg  # per rank
@@ -113,14 +116,17 @@ def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRe
     stage_params = max(sum(b.params for b in s) for s in stages) if stage is None else \
         sum(b.params for b in stages[stage])
     block_bytes = 1 if layout.fp8 else dtype
-    weights = stage_params * block_bytes + costs.other_params * dtype + costs.vae_params * dtype
+    weights = stage_params * block_bytes / tp + costs.other_params * dtype + costs.vae_params * dtype
     text = 0.0 if layout.text_on_cpu else costs.text_encoder_params * dtype
-    tensors = ACTIVATION_TENSORS_FIXED + 3 * costs.mlp_ratio + (ULYSSES_BUFFERS if uly > 1 else 0)
+    if layout.text_parallel:  # each rank holds 1 / world of the layers, the token embeddings whole
+        text -= costs.text_encoder_layer_params * (1 - 1 / layout.world_size) * dtype
+    # the residual stream stays whole on every tp rank; the MLP hidden and the heads' q, k, v are split
+    tensors = ACTIVATION_TENSORS_FIXED + (3 * costs.mlp_ratio + (ULYSSES_BUFFERS if uly > 1 else 0)) / tp
     activations = tensors * live_batch * seq / sp * d * dtype
     stale = 0.0
     if pp > 1 and warmup < steps:
         layers = max(len(s) for s in stages) if stage is None else len(stages[stage])
-        stale = 2 * layers * batch * seq * (d / uly) * (FP8_KV_BYTES if layout.fp8 else dtype)
+        stale = 2 * layers * batch * seq * (d / uly / tp) * (FP8_KV_BYTES if layout.fp8 else dtype)
     frames = info.vae_temporal_factor + 1 if info.is_video else 1  # causal video VAEs decode a few frames at a time
     decoded_images = math.ceil(images / dp)
     pixels = request.height * request.width
@@ -134,18 +140,23 @@ def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRe
     # --- time ---
     linear_flops, attention_flops = costs.step_flops(image_tokens, text_tokens, batch)
     attention_rate = world.attention_flops or flops
-    attention_s = attention_flops / sp / attention_rate
-    compute_full = linear_flops / sp / flops + attention_s + calls * len(costs.blocks) * CALLS_PER_BLOCK * world.launch_s
+    attention_s = attention_flops / sp / tp / attention_rate
+    compute_full = linear_flops / sp / tp / flops + attention_s + \
+        calls * len(costs.blocks) * CALLS_PER_BLOCK * world.launch_s
     attn_layers = len(costs.blocks)
     comm = 0.0
     if uly > 1:  # q, k, v in one all-to-all, the output back in another, per attention layer
-        per_rank = batch * seq / sp * d * dtype * (uly - 1) / uly
+        per_rank = batch * seq / sp * d / tp * dtype * (uly - 1) / uly
         comm += attn_layers * axis_link(layout, MeshAxis.ULYSSES, world).seconds(2 * (uly - 1) * calls, 4 * per_rank)
     if ring > 1:  # K and V blocks passed ring - 1 times per attention, overlapped with the attention's compute
-        kv = 2 * batch * (seq / sp) * (d / uly) * dtype
+        kv = 2 * batch * (seq / sp) * (d / uly / tp) * dtype
         ring_s = attn_layers * axis_link(layout, MeshAxis.RING, world).seconds((ring - 1) * calls, (ring - 1) * kv)
         # each ring step is its own attention call plus a log-sum-exp merge of the partial outputs
         comm += max(0.0, ring_s - attention_s) + calls * attn_layers * (ring - 1) * RING_STEP_CALLS * world.launch_s
+    if tp > 1:  # two all-reduces of the block's output per block (attention out, MLP out), ring algorithm
+        reduce_bytes = batch * seq / sp * d * dtype
+        comm += TP_REDUCES_PER_BLOCK * len(costs.blocks) * axis_link(layout, MeshAxis.TP, world).seconds(
+            2 * (tp - 1) * calls, 2 * (tp - 1) / tp * reduce_bytes)
     if cfg > 1:  # the noise predictions' gather
         comm += axis_link(layout, MeshAxis.CFG, world).seconds(1, batch * image_tokens * costs.out_channels * 4)
     step_full = compute_full + comm
@@ -171,7 +182,7 @@ def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRe
     exact = not layout.fp8 and layout.vae != "tiled" and (pp == 1 or warmup >= steps)
     if world.shares_host_memory:  # the node's ranks map one copy of the weights; each holds its own working set
         every_block = sum(b.params for b in costs.blocks) * block_bytes  # all stages' blocks, in one mapping
-        per_node = (memory.weights - stage_params * block_bytes + every_block + memory.text
+        per_node = (memory.weights - stage_params * block_bytes / tp + every_block + memory.text
                     + world.gpus_per_node * (memory.peak - memory.weights - memory.text))
         fits = per_node <= world.memory_bytes * world.gpus_per_node * USABLE_MEMORY
     else:

@@ -154,3 +154,48 @@ def fp8_while_loading(folder: str, degrees: dict):
     finally:
         plain.close()
     return fp8_layers, linears, float(abs(image - reference).max())
+
+
+def split_encoder_embeddings(folder: str, degrees: dict, efficient: bool):
+    """(embeddings of one prompt, text-encoder layer parameters this rank holds, [each layer's parameters], image) with
+    --text-encoder-parallel, loaded leanly or plainly."""
+    from diffusers import DiffusionPipeline
+
+    from meshdit.loading.text_stages import encoder_layers
+
+    mesh = mesh_for(split_layout(degrees)[0])
+    whole = DiffusionPipeline.from_pretrained(folder, dtype=torch.float32)
+    layer_params = {name: [sum(p.numel() for p in layer.parameters()) for layer in encoder_layers(getattr(whole, name))[1]]
+                    for name in ("text_encoder", "text_encoder_2")}
+    del whole
+    pipe = load_pipeline(folder, mesh.device, torch.float32, mesh,
+                         LoadOptions(memory_efficient=efficient, text_encoder_parallel=True))
+    held = {name: sum(p.numel() for p in encoder_layers(getattr(pipe, name))[1].parameters())
+            for name in ("text_encoder", "text_encoder_2")}
+    with torch.inference_mode():
+        embeddings = pipe.encode_prompt("a red cat on a blue square", None, max_sequence_length=6)[:2]
+    return embeddings, held, layer_params, _image(pipe, mesh)
+
+
+def one_process_embeddings(folder: str):
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(folder, dtype=torch.float32)
+    with torch.inference_mode():
+        return pipe.encode_prompt("a red cat on a blue square", None, max_sequence_length=6)[:2]
+
+
+def failing_encoder_layer(folder: str) -> str:
+    """The error every rank raises when the layer of one rank's stage fails (none waits forever)."""
+    mesh = mesh_for(ParallelConfig(ulysses_degree=2))
+    pipe = load_pipeline(folder, mesh.device, torch.float32, mesh, LoadOptions(text_encoder_parallel=True))
+    if torch.distributed.get_rank() == 1:
+        from meshdit.loading.text_stages import encoder_layers
+
+        owned = encoder_layers(pipe.text_encoder_2)[1][-1]  # the last layer: rank 1's stage
+        owned.layer.forward = lambda *a, **k: (_ for _ in ()).throw(ValueError("layer broke"))
+    try:
+        pipe.encode_prompt("a red cat", None, max_sequence_length=6)
+    except Exception as exc:  # noqa: BLE001 - the message is what the test checks
+        return f"{type(exc).__name__}: {exc}"
+    return ""

@@ -95,6 +95,25 @@ def test_memory_rules_stage_cut_fp8_parallel_vae_and_stale_kv():
     assert by[("ulysses4", False)].memory.vae == pytest.approx(plain.memory.vae / 4)
 
 
+def test_tensor_parallel_splits_the_blocks_and_adds_two_all_reduces_per_block():
+    _, info, costs = load_model("flux1-dev")
+    request = GenerateRequest(prompt="p").with_defaults(info.request_defaults())
+    world = PRESETS["h100-sxm"].with_size(4)
+    by = {r.layout.describe(): r for r in (predict(layout, costs, world, request)
+                                           for layout in legal_layouts(info, request, 4, fp8_options=False))}
+    serial, tp4, tp2_u2 = by["ulysses4"], by["tp4"], by["ulysses2 x tp2"]
+    blocks = sum(b.params for b in costs.blocks) * world.dtype_bytes
+    assert serial.memory.weights - tp4.memory.weights == pytest.approx(blocks * 3 / 4)
+    assert tp2_u2.memory.activations < by["ulysses4"].memory.activations * 2  # MLP hidden split over tp
+    assert tp4.comm_s > 0 and tp4.layout.flags().startswith("--tensor-parallel-degree 4")
+    # a family without a tensor-parallel plan (HunyuanVideo) gets no tp layout
+    _, video, _ = load_model("hunyuanvideo")
+    assert not video.family.tensor_parallel
+    video_request = GenerateRequest(prompt="p", num_frames=33, height=320, width=512).with_defaults(
+        video.request_defaults())
+    assert all(layout.degree(MeshAxis.TP) == 1 for layout in legal_layouts(video, video_request, 4))
+
+
 def test_ulysses_inside_a_node_ring_across_nodes():
     world = PRESETS["h100-sxm"].with_size(2, nodes=2)
     layout = Layout(((MeshAxis.DP, 1), (MeshAxis.CFG, 1), (MeshAxis.PP, 1), (MeshAxis.RING, 2), (MeshAxis.ULYSSES, 2)))
