@@ -56,8 +56,9 @@ class Engine:
     """
 
     def __init__(self, pipe, mesh: ParallelMesh | None = None, vae: VaeDecodeSettings | None = None, fp8=None,
-                 loras: dict[str, str] | None = None) -> None:
-        """loras: LoRA adapters to load, name -> file (requests choose among them: GenerateRequest.loras)."""
+                 loras: dict[str, str] | None = None, offload: str | None = None) -> None:
+        """loras: LoRA adapters to load, name -> file (requests choose among them: GenerateRequest.loras);
+        offload: "blocks" keeps the blocks' weights in host memory between uses (--offload blocks)."""
         self.pipe = pipe
         self.mesh = mesh if mesh is not None else SingleProcessMesh(pipe.transformer.device)
         self.vae = vae or VaeDecodeSettings()
@@ -70,7 +71,9 @@ class Engine:
         self._active: tuple = ()  # the (name, weight) pairs now set
         if self.adapters:  # before any hook: a hook on a Linear layer must see its adapted output
             self._load_adapters(fp8)
-        self._parallel = parallelize(pipe, self.info.family.plan(), self.mesh, fp8)
+        if offload and self.mesh.config.compile:
+            raise ConfigError("--offload blocks with --compile: drop one of them.")
+        self._parallel = parallelize(pipe, self.info.family.plan(), self.mesh, fp8, offload)
         self._vocabulary = PromptVocabulary.of_model(self.info.source)  # None unless the folder ships one
         self._warned_words: set[str] = set()
 
@@ -119,7 +122,7 @@ class Engine:
                                  vae_here=vae_here,
                                  # under tp the shards are quantized after the split (combine/parallelize)
                                  fp8_gemm=fp8 is not None and fp8.gemm and settings.config.tensor_parallel_degree == 1)
-        return cls(pipe, mesh, settings.vae, fp8, dict(settings.loras))
+        return cls(pipe, mesh, settings.vae, fp8, dict(settings.loras), settings.loading.offload)
 
     @property
     def device(self) -> torch.device:

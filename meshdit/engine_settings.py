@@ -42,6 +42,9 @@ class EngineSettings:
         self.config.validate()
         self.vae.validate()
         self.loading.validate(self.config.world_size)
+        if self.loading.offload and self.config.compile:
+            raise ConfigError("--offload blocks with --compile: the compiled blocks would be traced with weights that "
+                              "come and go; drop one of them.")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.fp8 is not None:

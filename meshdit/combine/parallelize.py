@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..attention.router import apply_attention_backend
 from ..distributed.mesh import ParallelMesh, SingleProcessMesh
+from ..parallel.offload import apply_block_offload
 from ..parallel.pipefusion import PipeFusion
 from ..parallel.plan import ModelPlan
 from ..parallel.sequence import apply_sequence_parallel
@@ -17,14 +18,16 @@ def denoisers(pipe) -> list:
     return [m for m in (getattr(pipe, "transformer", None), getattr(pipe, "transformer_2", None)) if m is not None]
 
 
-def parallelize(pipe, plan: ModelPlan, mesh: ParallelMesh | SingleProcessMesh, fp8=None) -> Parallelized:
+def parallelize(pipe, plan: ModelPlan, mesh: ParallelMesh | SingleProcessMesh, fp8=None,
+                offload: str | None = None) -> Parallelized:
     """Applies every strategy the mesh asks for, and the FP8 options of `fp8` (an Fp8Config), to `pipe`.
 
     Combinations that cannot run exactly were refused by validation before any
     rank started, so this only applies. CFG and data parallelism (parallel/cfg.py,
     parallel/data.py) need no hooks: the returned object splits their work when the
     engine drives it. With fp8 None or all off, nothing FP8 is installed: the
-    computation is the exact one.
+    computation is the exact one. offload "blocks": the blocks' weights wait in host memory between uses
+    (parallel/offload.py; after tp and FP8, so the shards and FP8 weights are what moves).
     """
     done = Parallelized(mesh)
     done.stage_plan = plan.stages  # step cache (meshdit/cache): hooks these block lists per request
@@ -65,6 +68,8 @@ def parallelize(pipe, plan: ModelPlan, mesh: ParallelMesh | SingleProcessMesh, f
         if tensor is not None:  # on the Linears as they are now (FP8 ones included)
             tensor.install_reduces(transformer)
             done.handles += tensor.handles
+        if offload == "blocks":  # the weights as they now are: this stage's blocks, tp shards, FP8
+            done.handles.append(apply_block_offload(transformer, plan.stages, device))
         if config.compile:  # last: the blocks this stage keeps, FP8 Linear layers included
             from ..parallel.compile import compile_blocks
 

@@ -19,6 +19,10 @@ class LoadOptions:
     text_encoder_device: str | None = flagged(
         None, flag="text-encoder-device", choices=["cpu"],
         help="keep the text encoders on the CPU (default: the rank's device)")
+    offload: str | None = flagged(
+        None, flag="offload", choices=["blocks"],
+        help="blocks: keep the transformer blocks' weights in host memory and copy each to the device just before "
+             "it runs, the next one prefetched meanwhile (default: off; docs/loading.md)")
     text_encoder_parallel: bool = flagged(
         False, flag="text-encoder-parallel", action="store_true",
         help="split every text encoder's layers over the ranks, each holding one contiguous run of them, instead of "
