@@ -84,6 +84,8 @@ def resolve_auto(engine: EngineSettings, request: GenerateRequest, ranks: int | 
         loading = replace(loading, text_encoder_device="cpu")
     if chosen.layout.text_parallel:
         loading = replace(loading, text_encoder_parallel=True)
+    if chosen.layout.offload:
+        loading = replace(loading, offload="blocks")
     return replace(engine, config=config, vae=vae, loading=loading), chosen
 
 

@@ -58,6 +58,8 @@ def make_plan(info: ModelInfo, costs: ModelCosts, request: GenerateRequest, worl
                  and not (r.layout.text_on_cpu or r.layout.text_parallel)
                  and (not moves_text or (r.memory.text and not world.shares_host_memory))
                  and (world.size > 1 or "text_parallel" not in change)]
+    if not world.shares_host_memory:  # and the blocks in host memory (--offload blocks), with any of those
+        rows += [predict(replace(r.layout, offload=True), costs, world, request) for r in list(rows) if not r.fits]
     rows = _dedupe(rows)
     rows.sort(key=lambda r: (not r.fits, r.total_s, r.memory.peak))
     pool = [r for r in rows if r.fits and r.exact] or ([] if exact_only else [r for r in rows if r.fits])
@@ -84,7 +86,7 @@ def _without_tiling(plan: Plan) -> Prediction | None:
 def _plain_first(row: Prediction) -> int:
     """Among near-equal layouts prefer no FP8, the text encoders on the device, an untiled decode."""
     return int(row.layout.fp8) + int(row.layout.text_on_cpu) + int(row.layout.text_parallel) + \
-        int(row.layout.vae == "tiled")
+        int(row.layout.offload) + int(row.layout.vae == "tiled")
 
 
 def _dedupe(rows: list[Prediction]) -> list[Prediction]:

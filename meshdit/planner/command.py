@@ -146,7 +146,8 @@ def plan_json(plan) -> dict:
     def row(p):
         m = p.memory
         return {"layout": dict(p.layout.degrees), "vae": p.layout.vae, "fp8": p.layout.fp8,
-                "text_on_cpu": p.layout.text_on_cpu, "text_parallel": p.layout.text_parallel, "flags": p.layout.flags(),
+                "text_on_cpu": p.layout.text_on_cpu, "text_parallel": p.layout.text_parallel,
+                "offload": p.layout.offload, "flags": p.layout.flags(),
                 "memory_bytes": {"weights": m.weights, "text": m.text, "activations": m.activations,
                                  "stale_kv": m.stale_kv, "vae": m.vae, "peak": m.peak},
                 "step_s": p.step_s, "total_s": p.total_s, "fits": p.fits, "exact": p.exact}

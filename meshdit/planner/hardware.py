@@ -40,6 +40,8 @@ class World:
     attention_flops: float = 0.0
     """Sustained throughput of the attention kernels (0: as `flops`)."""
     dtype_bytes: int = 2
+    host_link_bps: float = 25e9
+    """Host-to-device copy bandwidth per rank (pinned memory over PCIe): what --offload blocks streams over."""
     launch_s: float = 20e-6
     """Fixed cost of one small operator call per rank (a kernel launch, Python): a block makes
     predict.CALLS_PER_BLOCK of them."""

@@ -37,6 +37,8 @@ class Layout:
     """--text-encoder-device cpu: the text encoders' weights stay in host memory."""
     text_parallel: bool = False
     """--text-encoder-parallel: the text encoders' layers split over every rank."""
+    offload: bool = False
+    """--offload blocks: the blocks' weights in host memory, two blocks on the device at a time."""
 
     def degree(self, axis: str) -> int:
         return dict(self.degrees).get(axis, 1)
@@ -61,7 +63,8 @@ class Layout:
         return ParallelConfig(**{AXIS_FIELDS[axis]: d for axis, d in self.degrees}, compile=compile)
 
     def describe(self) -> str:
-        return self.parallel_config().describe()
+        """The degrees, and "+ offload" when the blocks wait in host memory."""
+        return self.parallel_config().describe() + (" + offload" if self.offload else "")
 
     def flags(self) -> str:
         """The generate flags that give this layout."""
@@ -83,6 +86,8 @@ class Layout:
             out.append("--text-encoder-device cpu")
         if self.text_parallel:
             out.append("--text-encoder-parallel")
+        if self.offload:
+            out.append("--offload blocks")
         return " ".join(out)
 
 

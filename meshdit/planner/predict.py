@@ -116,7 +116,10 @@ def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRe
     stage_params = max(sum(b.params for b in s) for s in stages) if stage is None else \
         sum(b.params for b in stages[stage])
     block_bytes = 1 if layout.fp8 else dtype
-    weights = stage_params * block_bytes / tp + costs.other_params * dtype + costs.vae_params * dtype
+    block_weights = stage_params * block_bytes / tp
+    if layout.offload:  # the running block and the prefetched next one
+        block_weights = min(block_weights, 2 * max(b.params for b in costs.blocks) * block_bytes / tp)
+    weights = block_weights + costs.other_params * dtype + costs.vae_params * dtype
     text = 0.0 if layout.text_on_cpu else costs.text_encoder_params * dtype
     if layout.text_parallel:  # each rank holds 1 / world of the layers, the token embeddings whole
         text -= costs.text_encoder_layer_params * (1 - 1 / layout.world_size) * dtype
@@ -159,6 +162,9 @@ def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRe
             2 * (tp - 1) * calls, 2 * (tp - 1) / tp * reduce_bytes)
     if cfg > 1:  # the noise predictions' gather
         comm += axis_link(layout, MeshAxis.CFG, world).seconds(1, batch * image_tokens * costs.out_channels * 4)
+    if layout.offload:  # every block of the stage crosses the host link once per transformer call, behind compute
+        copy_s = calls * stage_params * block_bytes / tp / world.host_link_bps
+        comm += max(0.0, copy_s - compute_full / pp)
     step_full = compute_full + comm
     if pp > 1:
         link = axis_link(layout, MeshAxis.PP, world)
@@ -182,7 +188,7 @@ def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRe
     exact = not layout.fp8 and layout.vae != "tiled" and (pp == 1 or warmup >= steps)
     if world.shares_host_memory:  # the node's ranks map one copy of the weights; each holds its own working set
         every_block = sum(b.params for b in costs.blocks) * block_bytes  # all stages' blocks, in one mapping
-        per_node = (memory.weights - stage_params * block_bytes / tp + every_block + memory.text
+        per_node = (memory.weights - block_weights + every_block + memory.text
                     + world.gpus_per_node * (memory.peak - memory.weights - memory.text))
         fits = per_node <= world.memory_bytes * world.gpus_per_node * USABLE_MEMORY
     else:

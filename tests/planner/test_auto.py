@@ -73,7 +73,7 @@ def test_nothing_fits_is_refused_naming_the_smallest_world(capsys):
     from meshdit.planner.hardware import world_from
 
     with pytest.raises(Exception, match=r"smallest world in which one fits has \d+ ranks: use --ranks \d+"):
-        auto_config("flux1-dev", GenerateRequest(prompt="p"), world_from("h100-sxm", 1, 1, "16GB"))
+        auto_config("flux1-dev", GenerateRequest(prompt="p"), world_from("h100-sxm", 1, 1, "3GB"))
 
 
 def test_ranks_without_auto_is_refused(capsys):
