@@ -23,7 +23,9 @@ LAYOUTS = {
     "cfg2": {"cfg_degree": 2},
     "tp2": {"tensor_parallel_degree": 2},
     "tp2 x ulysses2": {"tensor_parallel_degree": 2, "ulysses_degree": 2},
+    "offload": {"offload": "blocks"},
 }
+"""Degrees per layout; "offload" (--offload blocks) is a loading option, not a degree."""
 
 
 def _rank_job(payload) -> None:
@@ -33,6 +35,8 @@ def _rank_job(payload) -> None:
     from meshdit.memory import PeakAllocations
     from meshdit.rank import start_rank
 
+    from meshdit.parallel.offload import BlockOffload
+
     settings, request, out_dir = payload
     ranked = start_rank(settings)
     transformer = ranked.engine.pipe.transformer
@@ -40,8 +44,16 @@ def _rank_job(payload) -> None:
     ranked.engine.generate(request)  # warm: first-call allocations (caches) are not the layout's
     with PeakAllocations() as peak:
         ranked.engine.generate(request)
+    working = peak.peak_bytes
+    offloads = [h for h in ranked.engine._parallel.handles if isinstance(h, BlockOffload)]
+    if offloads:  # the non-block weights, and the most block bytes the device held at once (their host copies
+        # are what the device would not hold)
+        weights = sum(p.numel() * p.element_size() for p in transformer.parameters() if p.device.type != "meta") \
+            - sum(p.numel() * p.element_size() for o in offloads for b in o.blocks for p in b.parameters()) \
+            + sum(o.most_bytes_on_device for o in offloads)
+        working = peak.peak_bytes - sum(o.most_bytes_on_device for o in offloads)  # the copies are counted above
     with open(os.path.join(out_dir, f"rank{dist.get_rank()}.json"), "w", encoding="utf-8") as f:
-        json.dump({"weights": weights, "working": peak.peak_bytes}, f)
+        json.dump({"weights": weights, "working": working}, f)
     del torch
 
 
@@ -49,9 +61,12 @@ def measure(folder: str, name: str, request, degrees: dict) -> list[dict]:
     from meshdit.config import ParallelConfig
     from meshdit.distributed.launch import launch
     from meshdit.engine_settings import EngineSettings
+    from meshdit.loading import LoadOptions
 
+    degrees = dict(degrees)
+    loading = LoadOptions(offload=degrees.pop("offload", None))
     config = ParallelConfig(**degrees)
-    settings = EngineSettings(folder, config, "float32")
+    settings = EngineSettings(folder, config, "float32", loading=loading)
     with tempfile.TemporaryDirectory(prefix="meshdit-planner-memory-") as out:
         launch(_rank_job, (settings, request, out), config.world_size)
         ranks = []
@@ -71,7 +86,7 @@ def predicted(folder: str, request, degrees: dict, rank: int):
     _, info, costs = load_model(folder)
     fields = {field: axis for axis, field in AXIS_FIELDS.items()}
     layout = Layout(tuple((axis, degrees.get(field, 1)) for field, axis in fields.items()),
-                    vae="plain")
+                    vae="plain", offload="offload" in degrees)
     world = world_from("cpu-here", layout.world_size, 1)
     inner = layout.sp * layout.degree(MeshAxis.TP)  # ranks inside one stage (ring, ulysses, tp vary faster)
     stage = rank // inner % layout.degree(MeshAxis.PP)  # the rank's pp coordinate

@@ -104,6 +104,7 @@ class BlockOffload:
         self.resident = [_Resident(b, device) for b in self.blocks]
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.most_on_device = 0  # the largest number of blocks on the device at once (tests check it)
+        self.most_bytes_on_device = 0  # and of their bytes (benchmarks.planner_memory)
         self.handles = []
         for i, block in enumerate(self.blocks):
             self.handles.append(block.register_forward_pre_hook(lambda _m, _a, i=i: self._arrive(i)))
@@ -121,6 +122,8 @@ class BlockOffload:
         if following is not block:
             following.arrive(self.device, self.stream)
         self.most_on_device = max(self.most_on_device, sum(r.on_device for r in self.resident))
+        self.most_bytes_on_device = max(self.most_bytes_on_device,
+                                        sum(r.bytes() for r in self.resident if r.on_device))
 
     def _leave(self, i: int) -> None:
         self.resident[i].leave()
