@@ -224,12 +224,15 @@ FAMILIES = (
     # HunyuanVideo 1.5 text-to-video: true CFG through the pipeline's guider; the text is always 1000 Qwen2.5-VL +
     # 256 ByT5 tokens (the pipeline's fixed lengths) + 729 image tokens, masked where padding, after the video
     # tokens in every attention. Size: the 16:9 bucket of the transformer's target_size (480p: 640, 720p: 960).
-    ModelFamily("hunyuanvideo15", "HunyuanVideo15Transformer3DModel", ("HunyuanVideo15Pipeline",),
+    # Image-to-video: SigLIP image tokens (kept) lead the text; the first frame's latents join the channels.
+    ModelFamily("hunyuanvideo15", "HunyuanVideo15Transformer3DModel",
+                ("HunyuanVideo15Pipeline", "HunyuanVideo15ImageToVideoPipeline"),
                 "meshdit.models.hunyuanvideo15", packed=False, default_steps=50, default_guidance=7.5,
                 default_max_sequence_length=1000, max_sequence_length_fixed=True, default_pixel_size=(480, 848),
                 default_pixel_size_by_config=("target_size", {640: (480, 848), 960: (720, 1280)}),
                 default_guidance_from_guider=True, default_num_frames=121, default_fps=15,
                 vae_temporal_factor_key="temporal_compression_ratio",
+                image_to_video_pipelines=("HunyuanVideo15ImageToVideoPipeline",),
                 refused_transformer_config={"use_meanflow": "the MeanFlow super-resolution model's timestep_r"},
                 tiny_module="meshdit.models.tiny.hunyuanvideo15"),
 )
