@@ -67,7 +67,7 @@ def test_pipefusion_hybrid_with_ring_equals_one_process(run_ranks):
 # image-to-video (HunyuanVideoImageToVideoPipeline, latent_concat): LLaVA's 288 image tokens, all kept, lead the
 # prompt stream every rank holds whole; the image's latents join the channels, split with the video tokens. The
 # first 4 decoded frames are dropped, as the pipeline does. Text length 16: the prompt and the template's assistant
-# header fit ("a red cat": 288 + 9 of 298 prompt tokens kept, the rest masked).
+# header fit ("a red cat": 288 + 6 of 300 prompt tokens kept, the rest masked).
 I2V = dict(extra={"max_sequence_length": 16})
 I2V_CFG = dict(I2V, guidance_scale=3.0)  # true CFG: the negative prompt "" with a black image
 I2V_FRAMES = video_jobs.FRAMES - 4
