@@ -38,6 +38,11 @@ class ModelInfo:
         return self.family.is_video
 
     @property
+    def encodes_images(self) -> bool:
+        """The pipeline VAE-encodes an input image (image to video, edits) while each rank prepares a request."""
+        return self.pipeline_class in self.family.image_to_video_pipelines + self.family.image_edit_pipelines
+
+    @property
     def num_heads(self) -> int:
         return int(self.transformer_config["num_attention_heads"])
 

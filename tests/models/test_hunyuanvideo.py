@@ -115,10 +115,35 @@ def tiny_i2v_dir(tmp_path_factory):
     return folder
 
 
-def test_image_to_video_refusals_from_the_config_files(tiny_i2v_dir):
+def test_image_to_video_command_with_lean_loading_equals_one_process(tiny_i2v_dir, tmp_path):
+    """`meshdit generate --image` on 2 ranks (ulysses 2, memory-efficient loading) writes one process's video: every
+    rank VAE-encodes the image while preparing, so every rank loads the VAE (not only the decoding one)."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from meshdit.testing.tiny_models import sample_image
+
+    sample_image(video_jobs.HEIGHT, video_jobs.WIDTH).save(tmp_path / "first.png")
+    common = [sys.executable, "-m", "meshdit", "generate", "--model", str(tiny_i2v_dir), "--image",
+              str(tmp_path / "first.png"), "--prompt", "a red cat", "--height", str(video_jobs.HEIGHT), "--width",
+              str(video_jobs.WIDTH), "--num-frames", str(video_jobs.FRAMES), "--steps", "2", "--max-sequence-length",
+              "16"]
+    for name, layout in (("one", []), ("two", ["--ulysses-degree", "2"])):
+        proc = subprocess.run(common + layout + ["--output", str(tmp_path / f"{name}.npy")], capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = np.load(tmp_path / "one.npy"), np.load(tmp_path / "two.npy")
+    assert one.shape[-4:] == (I2V_FRAMES, video_jobs.HEIGHT, video_jobs.WIDTH, 3)
+    assert np.abs(two - one).max() <= 1e-5 * np.abs(one).max()
+
+
+def test_image_to_video_refusals_from_the_config_files(tiny_i2v_dir, tmp_path):
     """Its default guidance is the pipeline's 1.0 (one branch: CFG parallel refused); it needs --image; a
     token_replace transformer is refused, naming the setting."""
     import json
+    import shutil
 
     from meshdit.models.info import ModelInfo
     from meshdit.testing.tiny_models import sample_image
@@ -132,12 +157,14 @@ def test_image_to_video_refusals_from_the_config_files(tiny_i2v_dir):
         info.check_request(ParallelConfig(cfg_degree=2), GenerateRequest(**good))
     with pytest.raises(ConfigError, match="animates an image: pass its first frame with --image PATH"):
         info.check_request(ParallelConfig(), GenerateRequest(**{**good, "image": None}))
-    config = json.loads((tiny_i2v_dir / "transformer" / "config.json").read_text())
-    (tiny_i2v_dir / "transformer" / "config.json").write_text(json.dumps({**config,
-                                                                           "image_condition_type": "token_replace"}))
+    token_replace = tmp_path / "token-replace"
+    shutil.copytree(tiny_i2v_dir, token_replace, ignore=shutil.ignore_patterns("*.safetensors"))
+    config = json.loads((token_replace / "transformer" / "config.json").read_text())
+    (token_replace / "transformer" / "config.json").write_text(json.dumps({**config,
+                                                                          "image_condition_type": "token_replace"}))
     with pytest.raises(ConfigError, match="sets image_condition_type 'token_replace' \\(the first frame's tokens "
                                           ".*use a model without image_condition_type 'token_replace'"):
-        ModelInfo.from_pretrained(str(tiny_i2v_dir)).check_request(ParallelConfig(), GenerateRequest(**good))
+        ModelInfo.from_pretrained(str(token_replace)).check_request(ParallelConfig(), GenerateRequest(**good))
 
 
 @pytest.fixture(scope="module")
