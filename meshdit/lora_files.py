@@ -15,7 +15,7 @@ from .errors import ConfigError
 
 SUFFIX = ".safetensors"
 PIPELINES_WITHOUT_LORA_LOADER = frozenset({"PixArtSigmaPipeline", "PixArtAlphaPipeline", "HunyuanDiTPipeline",
-                                           "HunyuanVideo15Pipeline"})
+                                           "HunyuanVideo15Pipeline", "HunyuanVideo15ImageToVideoPipeline"})
 """meshdit's pipeline classes that diffusers 0.42.1 gives no load_lora_weights (tests/loading/test_lora_bad_input.py checks it against diffusers)."""
 PEFT_KEY_PARTS = (".lora_A.", ".lora_B.")
 

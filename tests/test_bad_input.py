@@ -117,6 +117,10 @@ BAD_INPUTS = {
     "ltx-frames-for-a-temporal-patch": (["--model", "{tmp}/ltx-patch-t2", "--num-frames", "17", "--output",
                                          "{tmp}/x.mp4"], "3 latent frames, which this model's temporal patch of 2 "
                                         "frames cannot cut: use --num-frames 9 or 25"),
+    # HunyuanVideo image to video: token_replace transformers (diffusers' tests cover latent_concat only)
+    "hunyuanvideo-i2v-token-replace": (["--model", "{tmp}/hunyuanvideo-i2v-token-replace", "--image",
+                                        "{tmp}/earlier.png", "--output", "{tmp}/x.mp4"],
+                                       "sets image_condition_type 'token_replace' (the first frame's tokens"),
     # CogVideoX
     "cogvideox-frames-not-4k+1": (["--model", "{tmp}/cogvideox", "--num-frames", "48", "--output", "{tmp}/x.mp4"],
                                   "use k * 4 + 1 frames, e.g. --num-frames 45 or 49"),
@@ -172,6 +176,11 @@ CONFIG_ONLY_MODELS = {
     "cogvideox-dpm": ({"_class_name": "CogVideoXPipeline", "scheduler": ["diffusers", "CogVideoXDPMScheduler"]},
                       _COG_TRANSFORMER, _COG_VAE),
     "ltx": ("LTXPipeline", _LTX_TRANSFORMER, _LTX_VAE),
+    "hunyuanvideo-i2v-token-replace": (
+        "HunyuanVideoImageToVideoPipeline",
+        {"_class_name": "HunyuanVideoTransformer3DModel", "num_attention_heads": 4, "num_layers": 1,
+         "num_single_layers": 1, "patch_size": 2, "patch_size_t": 1, "image_condition_type": "token_replace"},
+        {"_class_name": "AutoencoderKLHunyuanVideo", "spatial_compression_ratio": 8, "temporal_compression_ratio": 4}),
     "ltx-patch-t2": ("LTXPipeline", {**_LTX_TRANSFORMER, "patch_size_t": 2}, _LTX_VAE),
 }
 

@@ -6,6 +6,12 @@ The model lays the prompt out as [kept image, kept ByT5, kept Qwen, image paddin
 tokens] whose kept tokens are a prefix of the text. Its processor masks query x key ([B, 1, N, N]: a padding
 token neither attends nor is attended to; SDPA gives its row 0). Guidance is true CFG through the pipeline's
 guider (ClassifierFreeGuidance, negative prompt "" by default); --guidance-scale defaults to the guider's scale.
+
+Image-to-video (HunyuanVideo15ImageToVideoPipeline): SigLIP's embeddings of the image are the model's image tokens
+(all kept, so they lead the prompt tail every rank holds whole, like the text); the first frame's VAE latents and a
+first-frame mask are the condition channels ([B, 2C + 1, F, h, w]), split with the video tokens. The pipeline
+renders at the size bucket of the image's aspect ratio; meshdit at --height / --width (the image resized and
+cropped to it as the pipeline does), which equal the pipeline's video where they are that bucket.
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import math
 import numpy as np
 import torch
 from diffusers.pipelines.hunyuan_video1_5.pipeline_hunyuan_video1_5 import retrieve_timesteps
+from diffusers.utils import load_image
 
 from ..denoising.recipe import COND, UNCOND, DenoiseState
 from ..denoising.video import VideoRecipe
@@ -32,6 +39,12 @@ PLAN = ModelPlan(
 
 
 class HunyuanVideo15Recipe(VideoRecipe):
+    def __new__(cls, pipe, *args, **kwargs):
+        # RECIPE is the family's one recipe: the image-to-video pipeline gets its subclass
+        if cls is HunyuanVideo15Recipe and type(pipe).__name__ == "HunyuanVideo15ImageToVideoPipeline":
+            cls = HunyuanVideo15ImageToVideoRecipe
+        return super().__new__(cls)
+
     def prepare_settings(self, r, generator, device):
         pipe = self.pipe
         dtype = pipe.transformer.dtype
@@ -73,6 +86,31 @@ class HunyuanVideo15Recipe(VideoRecipe):
     def decode_latents(self, state, latents):
         vae = self.pipe.vae
         return latents.to(vae.dtype) / vae.config.scaling_factor
+
+
+class HunyuanVideo15ImageToVideoRecipe(HunyuanVideo15Recipe):
+    """HunyuanVideo15ImageToVideoPipeline: text-to-video's branches, timesteps and noise, with the image's
+    embeddings and first-frame condition."""
+
+    def prepare_settings(self, r, generator, device):
+        state = super().prepare_settings(r, generator, device)
+        pipe = self.pipe
+        dtype = pipe.transformer.dtype
+        batch = state.batch_size
+        image = pipe.video_processor.resize(load_image(r.image), height=r.height, width=r.width, resize_mode="crop")
+        # [B, T, D_img]: SigLIP's last hidden states, one row per video (nonzero: the model keeps them all)
+        state.extra["image_embeds"] = pipe.encode_image(image, batch, device, dtype)
+        # [B, C, F, h, w] (the first frame's latents, zeros after) and [B, 1, F, h, w] (1 on the first frame)
+        cond, mask = pipe.prepare_cond_latents_and_mask(state.latents, image, batch, r.height, r.width, dtype,
+                                                        device)
+        state.extra["condition"] = torch.cat([cond, mask], dim=1)
+        return state
+
+    def model_inputs(self, state, latents, t, branch):
+        hidden = torch.cat([latents, state.extra["condition"]], dim=1)  # [B, 2C + 1, F, h, w], as the pipeline
+        return dict(hidden_states=hidden, image_embeds=state.extra["image_embeds"],
+                    timestep=t.expand(hidden.shape[0]).to(hidden.dtype), attention_kwargs=None,
+                    **state.branches[branch])
 
 
 def _runs_cfg(guider, scale: float) -> bool:

@@ -38,6 +38,11 @@ class ModelInfo:
         return self.family.is_video
 
     @property
+    def encodes_images(self) -> bool:
+        """The pipeline VAE-encodes an input image (image to video, edits) while each rank prepares a request."""
+        return self.pipeline_class in self.family.image_to_video_pipelines + self.family.image_edit_pipelines
+
+    @property
     def num_heads(self) -> int:
         return int(self.transformer_config["num_attention_heads"])
 
@@ -115,7 +120,8 @@ class ModelInfo:
             return RequestDefaults(bundled.DEFAULT_HEIGHT, bundled.DEFAULT_WIDTH, bundled.DEFAULT_STEPS,
                                    bundled.DEFAULT_GUIDANCE, bundled.DEFAULT_MAX_SEQUENCE_LENGTH)
         family = self.family
-        guidance = family.default_guidance if self.guider_scale is None else float(self.guider_scale)
+        guidance = family.default_guidance_for(self.pipeline_class) if self.guider_scale is None else \
+            float(self.guider_scale)
         text = family.fixed_text_length(self.transformer_config) or family.max_sequence_length_for(self.pipeline_class)
         return RequestDefaults(*self.default_size, family.default_steps, guidance, text, family.default_num_frames,
                                family.default_fps)
@@ -188,9 +194,11 @@ class ModelInfo:
         refused = [(self.pipeline_config, key, why) for key, why in self.family.refused_pipeline_config.items()]
         refused += [(self.transformer_config, key, why) for key, why in self.family.refused_transformer_config.items()]
         for config, key, why in refused:
-            if config.get(key):
-                raise ConfigError(f"this {what} sets {key} ({why}), which meshdit does not run yet: use a model "
-                                  f"without {key}.")
+            key, value = key if isinstance(key, tuple) else (key, None)  # (key, value): refused at that value only
+            if config.get(key) if value is None else config.get(key) == value:
+                setting = key if value is None else f"{key} {value!r}"
+                raise ConfigError(f"this {what} sets {setting} ({why}), which meshdit does not run yet: use a model "
+                                  f"without {setting}.")
         factor = self.vae_temporal_factor
         frames = request.num_frames
         if (frames - 1) % factor:

@@ -31,6 +31,8 @@ class ModelFamily:
     transformer class carries diffusers' `_tp_plan` (tests/parallel/test_tensor_parallel.py checks the two agree)."""
     max_sequence_length_by_pipeline: dict[str, int] = field(default_factory=dict)
     """Pipelines of the family whose default text length differs (PixArt-alpha: 120, Sigma: 300)."""
+    default_guidance_by_pipeline: dict[str, float] = field(default_factory=dict)
+    """Pipelines of the family whose default guidance differs (HunyuanVideo image-to-video: 1.0)."""
     max_sequence_length_limit: int | None = None
     """The text encoder's cap on --max-sequence-length (T5 in FLUX.1 and SD3: 512); None: no fixed cap."""
     max_sequence_length_fixed: bool | str | tuple[str, bool] = False
@@ -75,9 +77,10 @@ class ModelFamily:
     """Of image_edit_pipelines, those that also run without an --image (FLUX.1 Kontext draws from text alone)."""
     refused_pipeline_config: dict[str, str] = field(default_factory=dict)
     """model_index.json keys that, when true, name a variant the family's plan does not cover -> why."""
-    refused_transformer_config: dict[str, str] = field(default_factory=dict)
+    refused_transformer_config: dict[str | tuple[str, str], str] = field(default_factory=dict)
     """transformer/config.json keys that, when set (not null, not false), name a variant the plan does not
-    cover -> why (CogVideoX 1.5's patch_size_t)."""
+    cover -> why (CogVideoX 1.5's patch_size_t); a (key, value) pair: when the key holds that value (HunyuanVideo
+    I2V's image_condition_type "token_replace")."""
     call_arguments: tuple[str, ...] = ()
     """Pipeline __call__ arguments without a flag of their own that the recipe takes from GenerateRequest.extra
     (`--extra KEY=JSON`; tests/models/test_call_arguments.py checks each is one of __call__'s)."""
@@ -92,6 +95,9 @@ class ModelFamily:
 
     def max_sequence_length_for(self, pipeline_class: str) -> int:
         return self.max_sequence_length_by_pipeline.get(pipeline_class, self.default_max_sequence_length)
+
+    def default_guidance_for(self, pipeline_class: str) -> float:
+        return self.default_guidance_by_pipeline.get(pipeline_class, self.default_guidance)
 
     def plan(self):
         """The transformer's ModelPlan (imports the family module, and so torch)."""
@@ -200,22 +206,33 @@ FAMILIES = (
                 tiny_module="meshdit.models.tiny.cogvideox"),
     # HunyuanVideo text-to-video: guidance-distilled (the scale is embedded); the prompt (Llama, padded to
     # max_sequence_length) joins the video tokens in every attention. Defaults: HunyuanVideoPipeline.__call__'s,
-    # fps its example's export_to_video.
-    ModelFamily("hunyuanvideo", "HunyuanVideoTransformer3DModel", ("HunyuanVideoPipeline",),
+    # fps its example's export_to_video. Image-to-video (LLaVA sees the image; its latents join the channels):
+    # guidance 1.0 by default, as its __call__.
+    ModelFamily("hunyuanvideo", "HunyuanVideoTransformer3DModel",
+                ("HunyuanVideoPipeline", "HunyuanVideoImageToVideoPipeline"),
                 "meshdit.models.hunyuanvideo", packed=False, default_steps=50, default_guidance=6.0,
+                default_guidance_by_pipeline={"HunyuanVideoImageToVideoPipeline": 1.0},
                 default_max_sequence_length=256, guidance_distilled="guidance_embeds", default_pixel_size=(720, 1280),
                 default_num_frames=129, default_fps=15, vae_temporal_factor_key="temporal_compression_ratio",
+                image_to_video_pipelines=("HunyuanVideoImageToVideoPipeline",),
+                refused_transformer_config={
+                    ("image_condition_type", "token_replace"):
+                        "the first frame's tokens replaced by the image's and modulated at their own timestep, "
+                        "which diffusers' tests do not cover; its latent_concat models run"},
                 call_arguments=("prompt_template",),
                 tiny_module="meshdit.models.tiny.hunyuanvideo"),
     # HunyuanVideo 1.5 text-to-video: true CFG through the pipeline's guider; the text is always 1000 Qwen2.5-VL +
     # 256 ByT5 tokens (the pipeline's fixed lengths) + 729 image tokens, masked where padding, after the video
     # tokens in every attention. Size: the 16:9 bucket of the transformer's target_size (480p: 640, 720p: 960).
-    ModelFamily("hunyuanvideo15", "HunyuanVideo15Transformer3DModel", ("HunyuanVideo15Pipeline",),
+    # Image-to-video: SigLIP image tokens (kept) lead the text; the first frame's latents join the channels.
+    ModelFamily("hunyuanvideo15", "HunyuanVideo15Transformer3DModel",
+                ("HunyuanVideo15Pipeline", "HunyuanVideo15ImageToVideoPipeline"),
                 "meshdit.models.hunyuanvideo15", packed=False, default_steps=50, default_guidance=7.5,
                 default_max_sequence_length=1000, max_sequence_length_fixed=True, default_pixel_size=(480, 848),
                 default_pixel_size_by_config=("target_size", {640: (480, 848), 960: (720, 1280)}),
                 default_guidance_from_guider=True, default_num_frames=121, default_fps=15,
                 vae_temporal_factor_key="temporal_compression_ratio",
+                image_to_video_pipelines=("HunyuanVideo15ImageToVideoPipeline",),
                 refused_transformer_config={"use_meanflow": "the MeanFlow super-resolution model's timestep_r"},
                 tiny_module="meshdit.models.tiny.hunyuanvideo15"),
 )

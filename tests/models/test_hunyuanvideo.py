@@ -3,7 +3,7 @@ divides them) and layouts; degree 1 is diffusers' own (tests/models/test_diffuse
 
 The prompt joins the video tokens in every attention with its padding masked (plan.MaskedTail): "a red cat"
 keeps 4 of the 6 text tokens (3 words + the end token), so the masked path runs; two prompts of different
-kept lengths in one batch attend one by one."""
+kept lengths in one batch attend one by one. Image-to-video: its own tests below."""
 import pytest
 
 from meshdit.config import GenerateRequest, ParallelConfig
@@ -62,6 +62,109 @@ def test_pipefusion_hybrid_with_ring_equals_one_process(run_ranks):
     degrees = dict(pipefusion_parallel_degree=2, ring_degree=2, warmup_steps=2)
     results = run_ranks(4, video_jobs.generate, "hunyuanvideo-4blocks", degrees, PROMPT, fresh=True)
     check(results, reference("hunyuanvideo-4blocks", PROMPT))
+
+
+# image-to-video (HunyuanVideoImageToVideoPipeline, latent_concat): LLaVA's 288 image tokens, all kept, lead the
+# prompt stream every rank holds whole; the image's latents join the channels, split with the video tokens. The
+# first 4 decoded frames are dropped, as the pipeline does. Text length 16: the prompt and the template's assistant
+# header fit ("a red cat": 288 + 6 of 300 prompt tokens kept, the rest masked).
+I2V = dict(extra={"max_sequence_length": 16})
+I2V_CFG = dict(I2V, guidance_scale=3.0)  # true CFG: the negative prompt "" with a black image
+I2V_FRAMES = video_jobs.FRAMES - 4
+I2V_LAYOUTS = {
+    "u2": (dict(ulysses_degree=2), I2V),
+    "r2": (dict(ring_degree=2), I2V),
+    "r2u2": (dict(ring_degree=2, ulysses_degree=2), I2V_CFG),
+    "cfg2": (dict(cfg_degree=2), I2V_CFG),
+    "dp2": (dict(data_parallel_degree=2), I2V),
+    "pf2": (dict(pipefusion_parallel_degree=2, warmup_steps=2, num_pipeline_patch=2), I2V_CFG),
+}
+_I2V_REFERENCE: dict = {}
+
+
+def i2v_reference(name, prompts, fields):
+    key = (name, tuple(prompts), repr(fields))
+    if key not in _I2V_REFERENCE:
+        _I2V_REFERENCE[key] = video_jobs.generate(name, {}, prompts, fresh=True, fields=fields)
+    return _I2V_REFERENCE[key]
+
+
+@pytest.mark.parametrize("layout", list(I2V_LAYOUTS))
+def test_image_to_video_equals_one_process(run_ranks, layout):
+    degrees, fields = I2V_LAYOUTS[layout]
+    pipefusion = "pipefusion_parallel_degree" in degrees
+    name = "hunyuanvideo-i2v-4blocks" if pipefusion else "hunyuanvideo-i2v"
+    prompts = ["a red cat", "a blue dog", "two green circles"] if "data_parallel_degree" in degrees else PROMPT
+    results = run_ranks(world(degrees), video_jobs.generate, name, degrees, prompts, fresh=pipefusion, fields=fields)
+    check(results, i2v_reference(name, prompts, fields), frames=I2V_FRAMES)
+
+
+def test_image_to_video_parallel_vae_decode_equals_one_process(run_ranks):
+    degrees = dict(ulysses_degree=2)
+    results = run_ranks(2, video_jobs.generate, "hunyuanvideo-i2v", degrees, PROMPT, vae=dict(parallel=True),
+                        fields=I2V)
+    check(results, i2v_reference("hunyuanvideo-i2v", PROMPT, I2V), frames=I2V_FRAMES)
+
+
+@pytest.fixture(scope="module")
+def tiny_i2v_dir(tmp_path_factory):
+    from meshdit.testing.tiny_models import tiny_pipeline
+
+    folder = tmp_path_factory.mktemp("tiny-hunyuanvideo-i2v")
+    tiny_pipeline("hunyuanvideo-i2v").save_pretrained(folder)
+    return folder
+
+
+def test_image_to_video_command_with_lean_loading_equals_one_process(tiny_i2v_dir, tmp_path):
+    """`meshdit generate --image` on 2 ranks (ulysses 2, memory-efficient loading) writes one process's video: every
+    rank VAE-encodes the image while preparing, so every rank loads the VAE (not only the decoding one)."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from meshdit.testing.tiny_models import sample_image
+
+    sample_image(video_jobs.HEIGHT, video_jobs.WIDTH).save(tmp_path / "first.png")
+    common = [sys.executable, "-m", "meshdit", "generate", "--model", str(tiny_i2v_dir), "--image",
+              str(tmp_path / "first.png"), "--prompt", "a red cat", "--height", str(video_jobs.HEIGHT), "--width",
+              str(video_jobs.WIDTH), "--num-frames", str(video_jobs.FRAMES), "--steps", "2", "--max-sequence-length",
+              "16"]
+    for name, layout in (("one", []), ("two", ["--ulysses-degree", "2"])):
+        proc = subprocess.run(common + layout + ["--output", str(tmp_path / f"{name}.npy")], capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = np.load(tmp_path / "one.npy"), np.load(tmp_path / "two.npy")
+    assert one.shape[-4:] == (I2V_FRAMES, video_jobs.HEIGHT, video_jobs.WIDTH, 3)
+    assert np.abs(two - one).max() <= 1e-5 * np.abs(one).max()
+
+
+def test_image_to_video_refusals_from_the_config_files(tiny_i2v_dir, tmp_path):
+    """Its default guidance is the pipeline's 1.0 (one branch: CFG parallel refused); it needs --image; a
+    token_replace transformer is refused, naming the setting."""
+    import json
+    import shutil
+
+    from meshdit.models.info import ModelInfo
+    from meshdit.testing.tiny_models import sample_image
+
+    info = ModelInfo.from_pretrained(str(tiny_i2v_dir))
+    good = dict(prompt="a cat", height=video_jobs.HEIGHT, width=video_jobs.WIDTH, num_frames=video_jobs.FRAMES,
+                image=sample_image())
+    assert info.request_defaults().guidance_scale == 1.0
+    info.check_request(ParallelConfig(cfg_degree=2), GenerateRequest(**good, guidance_scale=3.0))
+    with pytest.raises(ConfigError, match="guidance scale 1.0 turns classifier-free guidance off"):
+        info.check_request(ParallelConfig(cfg_degree=2), GenerateRequest(**good))
+    with pytest.raises(ConfigError, match="animates an image: pass its first frame with --image PATH"):
+        info.check_request(ParallelConfig(), GenerateRequest(**{**good, "image": None}))
+    token_replace = tmp_path / "token-replace"
+    shutil.copytree(tiny_i2v_dir, token_replace, ignore=shutil.ignore_patterns("*.safetensors"))
+    config = json.loads((token_replace / "transformer" / "config.json").read_text())
+    (token_replace / "transformer" / "config.json").write_text(json.dumps({**config,
+                                                                          "image_condition_type": "token_replace"}))
+    with pytest.raises(ConfigError, match="sets image_condition_type 'token_replace' \\(the first frame's tokens "
+                                          ".*use a model without image_condition_type 'token_replace'"):
+        ModelInfo.from_pretrained(str(token_replace)).check_request(ParallelConfig(), GenerateRequest(**good))
 
 
 @pytest.fixture(scope="module")

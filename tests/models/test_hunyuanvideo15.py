@@ -40,6 +40,41 @@ def test_parallel_vae_decode_in_the_engine_equals_one_process(run_ranks):
           reference("hunyuanvideo15", PROMPT))
 
 
+# image-to-video (HunyuanVideo15ImageToVideoPipeline): SigLIP's 16 image tokens, all kept, lead the text tail every
+# rank holds whole; the first frame's latents and mask join the channels, split with the video tokens
+I2V_LAYOUTS = {**LAYOUTS, "dp2": dict(data_parallel_degree=2), "pf2": dict(PIPEFUSION, num_pipeline_patch=2)}
+I2V_LAYOUTS.pop("cfg2-u2")  # (cfg 2 and ulysses 2 apart suffice: the image adds no stream of its own)
+
+
+@pytest.mark.parametrize("layout", list(I2V_LAYOUTS))
+def test_image_to_video_equals_one_process(run_ranks, layout):
+    degrees = I2V_LAYOUTS[layout]
+    pipefusion = "pipefusion_parallel_degree" in degrees
+    name = "hunyuanvideo15-i2v-4blocks" if pipefusion else "hunyuanvideo15-i2v"
+    prompts = DP_PROMPTS if "data_parallel_degree" in degrees else PROMPT
+    check(run_ranks(world(degrees), video_jobs.generate, name, degrees, prompts, fresh=pipefusion),
+          reference(name, prompts))
+
+
+def test_image_to_video_parallel_vae_decode_equals_one_process(run_ranks):
+    check(run_ranks(2, video_jobs.generate, "hunyuanvideo15-i2v", dict(ulysses_degree=2), PROMPT,
+                    vae=dict(parallel=True)), reference("hunyuanvideo15-i2v", PROMPT))
+
+
+def test_image_to_video_needs_an_image_and_text_to_video_takes_none():
+    from meshdit.models.info import ModelInfo
+    from meshdit.testing.tiny_models import sample_image, tiny_pipeline
+
+    i2v = ModelInfo.from_pipeline(tiny_pipeline("hunyuanvideo15-i2v"))
+    i2v.check_request(ParallelConfig(cfg_degree=2), GenerateRequest(**GOOD, image=sample_image()))
+    with pytest.raises(ConfigError, match="HunyuanVideo15ImageToVideoPipeline animates an image: pass its first "
+                                          "frame with --image PATH"):
+        i2v.check_request(ParallelConfig(), GenerateRequest(**GOOD))
+    with pytest.raises(ConfigError, match="HunyuanVideo15Pipeline makes videos from text alone and takes no image"):
+        ModelInfo.from_pipeline(tiny_pipeline("hunyuanvideo15")).check_request(
+            ParallelConfig(), GenerateRequest(**GOOD, image=sample_image()))
+
+
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     from meshdit.testing.tiny_models import tiny_pipeline

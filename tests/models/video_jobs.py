@@ -40,12 +40,14 @@ def request(name: str, pipe, prompts=None, steps: int = 2, seed: int = 3) -> Gen
                            extra=extra)
 
 
-def generate(name: str, layout: dict, prompts=None, steps: int = 2, fresh: bool = False, vae: dict | None = None):
+def generate(name: str, layout: dict, prompts=None, steps: int = 2, fresh: bool = False, vae: dict | None = None,
+             fields: dict | None = None):
     """(transformer output at the first step [B, C, F, h, w] (LTX: [B, S, C]), final video [N, F, H, W, 3], what parallelize
     installed on a second expert) over the mesh.
 
     fresh: a pipeline built for this call (PipeFusion drops other stages' blocks for good);
-    vae: VaeDecodeSettings fields (e.g. parallel=True: the video decoded in row bands over the image group)."""
+    vae: VaeDecodeSettings fields (e.g. parallel=True: the video decoded in row bands over the image group);
+    fields: GenerateRequest fields that replace request()'s (e.g. guidance_scale, extra)."""
     from meshdit.vae import VaeDecodeSettings
 
     if fresh:
@@ -56,7 +58,7 @@ def generate(name: str, layout: dict, prompts=None, steps: int = 2, fresh: bool 
     config, settings = split_layout(layout)  # degrees; PipeFusion's warmup steps and patches (request fields)
     engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None, VaeDecodeSettings(**(vae or {})))
     try:
-        req = replace(request(name, pipe, prompts, steps), **settings)
+        req = replace(request(name, pipe, prompts, steps), **settings, **(fields or {}))
         out = None
         if config.pipefusion_parallel_degree == 1:  # a lone forward needs every block on this rank
             with torch.inference_mode():

@@ -1,16 +1,18 @@
-"""HunyuanVideo's tiny pipelines (guidance-distilled, or true CFG)."""
+"""HunyuanVideo's tiny pipelines (guidance-distilled, or true CFG; image-to-video)."""
 from __future__ import annotations
 
 import torch
 
-from . import GUARD_PROMPT, GUARD_TEXT, GuardCase, TinyTests
-from .parts import WORDS, clip_text_model, clip_tokenizer
+from . import GUARD_PROMPT, GUARD_SIZE, GUARD_TEXT, GuardCase, TinyTests
+from .parts import WORDS, clip_text_model, clip_tokenizer, sample_image
 
 
-def llama_tokenizer():
+def llama_tokenizer(image_token: bool = False):
     """Word-level, built in code: HunyuanVideo's prompt template comes to exactly the 95 tokens before the
     prompt that the pipeline crops (its crop_start, counted with Llama's tokenizer), so prompts survive the
-    crop whole and short ones leave padding (masked) within max_sequence_length."""
+    crop whole and short ones leave padding (masked) within max_sequence_length. image_token: LLaVA's "<image>"
+    too (the image-to-video template puts it at position 5, as the pipeline's image_emb_start says; its template
+    comes to 104 tokens before the prompt, one more than its crop_start, so one template token stays)."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -18,7 +20,8 @@ def llama_tokenizer():
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.add_special_tokens([AddedToken(t, normalized=False, special=True)
-                                  for t in ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "\n")])
+                                  for t in ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "\n")
+                                  + ("<image>",) * image_token])
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>")
 
 
@@ -54,15 +57,55 @@ def tiny_hunyuanvideo_pipeline(seed: int = 0, double: int = 1, single: int = 1, 
         tokenizer_2=clip_tokenizer())
 
 
+def llava_text_model(tokenizer, hidden: int = 32):
+    """LLaVA: llama_text_model's Llama and a tiny CLIP vision tower whose 336-pixel crops in 14-pixel patches give the
+    576 image features of the pipeline's default prompt template (image_emb_len), as LLaVA-Llama-3's do."""
+    from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    vision = CLIPVisionConfig(hidden_size=8, intermediate_size=16, projection_dim=8, num_attention_heads=2,
+                              num_hidden_layers=2, image_size=336, patch_size=14)
+    config = LlavaConfig(vision_config=vision, text_config=llama_text_model(hidden).config,
+                         image_token_index=tokenizer.convert_tokens_to_ids("<image>"), pad_token_id=0)
+    return LlavaForConditionalGeneration(config).eval()
+
+
+def tiny_hunyuanvideo_i2v_pipeline(seed: int = 0, double: int = 1, single: int = 1):
+    """HunyuanVideo image-to-video as diffusers' test builds it (image_condition_type "latent_concat", no
+    guidance_embeds: true CFG with a negative prompt and a black image), at tiny_hunyuanvideo_pipeline's sizes:
+    4 noise + 4 image-latent + 1 mask input channels; the text encoder is LLaVA (it sees the image: 576 / 2 image
+    tokens before the prompt's)."""
+    from diffusers import (FlowMatchEulerDiscreteScheduler, HunyuanVideoImageToVideoPipeline,
+                           HunyuanVideoTransformer3DModel)
+    from transformers import CLIPImageProcessor
+
+    torch.manual_seed(seed)
+    transformer = HunyuanVideoTransformer3DModel(
+        in_channels=2 * 4 + 1, out_channels=4, num_attention_heads=4, attention_head_dim=8, num_layers=double,
+        num_single_layers=single, num_refiner_layers=1, mlp_ratio=2.0, patch_size=2, patch_size_t=1,
+        guidance_embeds=False, text_embed_dim=32, pooled_projection_dim=16, rope_axes_dim=(2, 2, 4),
+        image_condition_type="latent_concat",
+    ).eval()
+    vae = tiny_hunyuanvideo_pipeline(seed).vae
+    tokenizer = llama_tokenizer(image_token=True)
+    return HunyuanVideoImageToVideoPipeline(
+        text_encoder=llava_text_model(tokenizer, 32), tokenizer=tokenizer, transformer=transformer, vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), text_encoder_2=clip_text_model(),
+        tokenizer_2=clip_tokenizer(), image_processor=CLIPImageProcessor(crop_size=336, size=336))
+
+
 BUILDERS = {
     "hunyuanvideo": tiny_hunyuanvideo_pipeline,
     "hunyuanvideo-cfg": lambda seed=0: tiny_hunyuanvideo_pipeline(seed, guidance_embeds=False),
     "hunyuanvideo-4blocks": lambda seed=0: tiny_hunyuanvideo_pipeline(seed, double=2, single=2),
+    "hunyuanvideo-i2v": tiny_hunyuanvideo_i2v_pipeline,
+    "hunyuanvideo-i2v-4blocks": lambda seed=0: tiny_hunyuanvideo_i2v_pipeline(seed, double=2, single=2),
 }
 # tests/models/test_hunyuanvideo.py: its masked prompt under every exact layout
 TESTS = TinyTests(main="hunyuanvideo", four_blocks="hunyuanvideo-4blocks", layouts=())
 _VIDEO = dict(prompt=GUARD_PROMPT, num_frames=5, max_sequence_length=GUARD_TEXT)
 _TEMPLATE = {"template": "{}", "crop_start": 0}
+_I2V = dict(prompt=GUARD_PROMPT, num_frames=9, max_sequence_length=GUARD_TEXT,
+            image=sample_image(GUARD_SIZE["height"], GUARD_SIZE["width"]))
 GUARD_CASES = {
     # the prompt (8 of 16 text tokens kept, the rest masked) joins every attention; distilled (embedded
     # guidance), or without guidance_embeds true CFG with a negative prompt
@@ -72,4 +115,11 @@ GUARD_CASES = {
                                                                    prompt_template=_TEMPLATE), 6.0,
                                               {"prompt_template": _TEMPLATE}),
     "hunyuanvideo-true-cfg": GuardCase("hunyuanvideo-cfg", dict(_VIDEO, negative_prompt="", true_cfg_scale=3.0), 3.0),
+    # image-to-video: LLaVA's 288 image tokens (kept) before the prompt's, the image's latents in the channels, the
+    # first 4 decoded frames dropped; one branch at the pipeline's default guidance (1.0), or true CFG (the
+    # negative prompt with a black image). max_sequence_length 16: the prompt and the template's assistant header
+    # fit (shorter, the pipeline crops other tokens)
+    "hunyuanvideo-i2v": GuardCase("hunyuanvideo-i2v", dict(_I2V), None),
+    "hunyuanvideo-i2v-true-cfg": GuardCase("hunyuanvideo-i2v", dict(_I2V, negative_prompt="", true_cfg_scale=3.0),
+                                           3.0),
 }

@@ -1,10 +1,10 @@
-"""HunyuanVideo 1.5's tiny pipelines (CFG through its guider)."""
+"""HunyuanVideo 1.5's tiny pipelines (CFG through its guider; image-to-video)."""
 from __future__ import annotations
 
 import torch
 
-from . import GuardCase, TinyTests
-from .parts import WORDS
+from . import GUARD_SIZE, GuardCase, TinyTests
+from .parts import WORDS, sample_image
 
 
 def qwen_tokenizer():
@@ -41,31 +41,47 @@ def byt5_text_model(d_model: int = 32):
     return T5EncoderModel(cfg).eval()
 
 
-def tiny_hunyuanvideo15_pipeline(seed: int = 0, layers: int = 2, guidance_scale: float = 4.0):
+def tiny_hunyuanvideo15_pipeline(seed: int = 0, layers: int = 2, guidance_scale: float = 4.0,
+                                 image_to_video: bool = False):
     """HunyuanVideo 1.5 text-to-video: Qwen2.5-VL text (1000 tokens) + ByT5 glyph text (256, for quoted text) +
     729 image tokens (all masked for text-to-video) after the video tokens; true CFG through its guider. Its VAE
-    compresses 16 x 16 pixels and 4 frames (+1) as the real one does; with patch 1 tokens are 16 pixels wide."""
+    compresses 16 x 16 pixels and 4 frames (+1) as the real one does; with patch 1 tokens are 16 pixels wide.
+
+    image_to_video: HunyuanVideo15ImageToVideoPipeline, with a tiny SigLIP vision encoder (32-pixel crops in 8-pixel
+    patches: 16 image tokens, kept) and target_size 64, whose size buckets hold the tests' 48 x 80 and the guard's
+    64 x 48 (the pipeline renders at the bucket of the image's aspect ratio)."""
     from diffusers import (AutoencoderKLHunyuanVideo15, ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler,
-                           HunyuanVideo15Pipeline, HunyuanVideo15Transformer3DModel)
+                           HunyuanVideo15ImageToVideoPipeline, HunyuanVideo15Pipeline,
+                           HunyuanVideo15Transformer3DModel)
     from transformers import ByT5Tokenizer
 
     torch.manual_seed(seed)
+    task = dict(task_type="i2v", target_size=64) if image_to_video else dict(task_type="t2v")
     transformer = HunyuanVideo15Transformer3DModel(
         in_channels=9, out_channels=4, num_attention_heads=4, attention_head_dim=8, num_layers=layers,
         num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=32, text_embed_2_dim=32,
-        image_embed_dim=16, rope_axes_dim=(2, 2, 4), task_type="t2v").eval()
+        image_embed_dim=16, rope_axes_dim=(2, 2, 4), **task).eval()
     vae = AutoencoderKLHunyuanVideo15(latent_channels=4, block_out_channels=(8, 8, 8, 8, 8), layers_per_block=1,
                                       spatial_compression_ratio=16, temporal_compression_ratio=4).eval()
-    return HunyuanVideo15Pipeline(
-        text_encoder=qwen_text_model(32), tokenizer=qwen_tokenizer(), transformer=transformer, vae=vae,
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0), text_encoder_2=byt5_text_model(32),
-        tokenizer_2=ByT5Tokenizer(), guider=ClassifierFreeGuidance(guidance_scale=guidance_scale))
+    parts = dict(text_encoder=qwen_text_model(32), tokenizer=qwen_tokenizer(), transformer=transformer, vae=vae,
+                 scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0), text_encoder_2=byt5_text_model(32),
+                 tokenizer_2=ByT5Tokenizer(), guider=ClassifierFreeGuidance(guidance_scale=guidance_scale))
+    if not image_to_video:
+        return HunyuanVideo15Pipeline(**parts)
+    from transformers import SiglipImageProcessor, SiglipVisionConfig, SiglipVisionModel
+
+    encoder = SiglipVisionModel(SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                                   num_attention_heads=2, image_size=32, patch_size=8)).eval()
+    return HunyuanVideo15ImageToVideoPipeline(**parts, image_encoder=encoder, feature_extractor=SiglipImageProcessor(
+        size={"height": 32, "width": 32}))
 
 
 BUILDERS = {
     "hunyuanvideo15": tiny_hunyuanvideo15_pipeline,
     "hunyuanvideo15-nocfg": lambda seed=0: tiny_hunyuanvideo15_pipeline(seed, guidance_scale=1.0),
     "hunyuanvideo15-4blocks": lambda seed=0: tiny_hunyuanvideo15_pipeline(seed, layers=4),
+    "hunyuanvideo15-i2v": lambda seed=0: tiny_hunyuanvideo15_pipeline(seed, image_to_video=True),
+    "hunyuanvideo15-i2v-4blocks": lambda seed=0: tiny_hunyuanvideo15_pipeline(seed, layers=4, image_to_video=True),
 }
 # tests/models/test_hunyuanvideo15.py: its query x key mask under every exact layout
 TESTS = TinyTests(main="hunyuanvideo15", four_blocks="hunyuanvideo15-4blocks", layouts=())
@@ -75,4 +91,8 @@ GUARD_CASES = {
     # guider, whose scale (4.0) meshdit takes as its default (None); scale 1: one branch
     "hunyuanvideo15": GuardCase("hunyuanvideo15", dict(prompt=PROMPT15, num_frames=5), None),
     "hunyuanvideo15-no-cfg": GuardCase("hunyuanvideo15-nocfg", dict(prompt=PROMPT15, num_frames=5), None),
+    # image-to-video: SigLIP's 16 image tokens (kept) lead the text, the first frame's latents and mask join the
+    # channels; the pipeline takes no size but the bucket of the image's aspect ratio, here GUARD_SIZE's 64 x 48
+    "hunyuanvideo15-i2v": GuardCase("hunyuanvideo15-i2v", dict(
+        prompt=PROMPT15, num_frames=5, image=sample_image(GUARD_SIZE["height"], GUARD_SIZE["width"])), None),
 }
