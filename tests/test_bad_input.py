@@ -117,6 +117,8 @@ BAD_INPUTS = {
     "ltx-frames-for-a-temporal-patch": (["--model", "{tmp}/ltx-patch-t2", "--num-frames", "17", "--output",
                                          "{tmp}/x.mp4"], "3 latent frames, which this model's temporal patch of 2 "
                                         "frames cannot cut: use --num-frames 9 or 25"),
+    "ltx-image-to-video-without-image": (["--model", "{tmp}/ltx-i2v", "--output", "{tmp}/x.mp4"],
+                                         "this LTXImageToVideoPipeline animates an image: pass its first frame"),
     # CogVideoX
     "cogvideox-frames-not-4k+1": (["--model", "{tmp}/cogvideox", "--num-frames", "48", "--output", "{tmp}/x.mp4"],
                                   "use k * 4 + 1 frames, e.g. --num-frames 45 or 49"),
@@ -173,6 +175,7 @@ CONFIG_ONLY_MODELS = {
                       _COG_TRANSFORMER, _COG_VAE),
     "ltx": ("LTXPipeline", _LTX_TRANSFORMER, _LTX_VAE),
     "ltx-patch-t2": ("LTXPipeline", {**_LTX_TRANSFORMER, "patch_size_t": 2}, _LTX_VAE),
+    "ltx-i2v": ("LTXImageToVideoPipeline", _LTX_TRANSFORMER, _LTX_VAE),
 }
 
 

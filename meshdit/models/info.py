@@ -122,8 +122,9 @@ class ModelInfo:
 
     def make_recipe(self, pipe):
         """The family's recipe for `pipe`, filling unset request values from this model's defaults."""
-        return self.family.recipe_class()(pipe, self.request_defaults(), self.family.packed,
-                                          self.family.pixel_multiple(self.transformer_config, self.vae_scale_factor))
+        recipe = self.family.recipe_class(self.pipeline_class)
+        return recipe(pipe, self.request_defaults(), self.family.packed,
+                      self.family.pixel_multiple(self.transformer_config, self.vae_scale_factor))
 
     def check_request(self, config: ParallelConfig, request: GenerateRequest, num_images: int | None = None) -> None:
         """Everything about a request that can be checked before weights load; unset values take the defaults.

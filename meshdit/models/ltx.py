@@ -7,12 +7,20 @@ positions are scaled by the frame rate (rope_interpolation_scale), so the reques
 A timestep-conditioned VAE (LTX 0.9.1+) decodes at a timestep, from latents mixed with fresh noise: the
 pipeline's decode_timestep and decode_noise_scale, request extras here (Python API: extra={"decode_timestep":
 0.05, "decode_noise_scale": 0.025}, LTX 0.9.1's recommended values; default 0 and None, the pipeline's).
+
+Image-to-video (LTXImageToVideoPipeline): the image's VAE latents replace the first latent frame, and its
+conditioning mask [B, S] (1 on those tokens) makes their timestep 0: the model takes a per-token timestep
+[B, S], which sequence parallelism and PipeFusion's patches cut with the video tokens (the plan's `timestep`
+split); text-to-video passes [B, 1], a table every rank keeps whole. The pipeline steps only the other frames;
+here the guided velocity is 0 on the mask, so flow-match Euler's x + dt * v leaves those tokens exactly as they
+are, patch by patch too.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 from diffusers.pipelines.ltx.pipeline_ltx import calculate_shift, retrieve_timesteps
+from diffusers.utils import load_image
 from diffusers.utils.torch_utils import randn_tensor
 
 from ..denoising.recipe import COND, UNCOND, DenoiseState
@@ -23,10 +31,12 @@ from ..parallel.plan import LOCAL, OUTPUT, BlockList, Gather, ModelPlan, Sequenc
 # rope module returns it (the rope builds the whole grid from the ints, so it needs no split input), as
 # diffusers' _cp_plan does. Text stays whole on every rank (attn2 is cross-attention: LOCAL), so its tokens
 # and padding mask are not split, unlike the _cp_plan's (tests/models/test_diffusers_guard.py: NOT_SPLIT).
+# The timestep is per token [B, S] in image-to-video, split with the tokens; [B, 1] in text-to-video (a table).
 PLAN = ModelPlan(
     SequencePlan(
         splits=(
             Split("", "hidden_states", -2, "img"),
+            Split("", "timestep", -1, "img", table=True),
             Split("rope", OUTPUT, -2, "img"),
         ),
         gathers=(Gather("proj_out", -2, "img"),),
@@ -53,9 +63,7 @@ class LTXRecipe(VideoRecipe):
         if cfg:  # uncond first: the order the pipeline batches them in
             branches = {UNCOND: dict(encoder_hidden_states=n_embeds, encoder_attention_mask=n_mask), **branches}
         batch = embeds.shape[0]
-        latents = pipe.prepare_latents(  # [B, S, C] packed tokens, fp32 as the pipeline keeps them
-            batch, pipe.transformer.config.in_channels, r.height, r.width, r.num_frames, torch.float32, device,
-            generator)
+        latents, condition = self.prepare_latents(r, batch, embeds.dtype, device, generator)
         temporal, spatial = pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
         grid = dict(num_frames=(r.num_frames - 1) // temporal + 1, height=r.height // spatial,
                     width=r.width // spatial)  # latent frames, rows, columns
@@ -82,11 +90,29 @@ class LTXRecipe(VideoRecipe):
         patch_t = pipe.transformer_temporal_patch_size
         return DenoiseState(latents, timesteps, branches, r.guidance_scale, r.height, r.width,
                             extra=dict(grid=grid, token_frames=grid["num_frames"] // patch_t, decode=decode,
-                                       dtype=embeds.dtype))
+                                       dtype=embeds.dtype, condition=condition))
+
+    def prepare_latents(self, r, batch, dtype, device, generator):
+        """([B, S, C] packed noise tokens, fp32 as the pipeline keeps them; no conditioning mask)."""
+        pipe = self.pipe
+        return pipe.prepare_latents(batch, pipe.transformer.config.in_channels, r.height, r.width, r.num_frames,
+                                    torch.float32, device, generator), None
 
     def model_inputs(self, state, latents, t, branch):
-        return dict(hidden_states=latents.to(state.extra["dtype"]), timestep=t.expand(latents.shape[0]),
+        timestep = t.expand(latents.shape[0])[:, None]  # [B, 1]: the model flattens it, as the pipeline's [B]
+        condition = state.extra["condition"]
+        if condition is not None:  # [B, S]: 0 on the conditioning tokens
+            timestep = timestep * (1 - condition)
+        return dict(hidden_states=latents.to(state.extra["dtype"]), timestep=timestep,
                     attention_kwargs=None, **state.extra["grid"], **state.branches[branch])
+
+    def guide(self, state, preds):
+        pred = super().guide(state, preds)
+        condition = state.extra["condition"]
+        if condition is None:
+            return pred
+        # the pipeline steps the frames after the conditioning ones only: a velocity of 0 keeps them exactly
+        return torch.where(condition[..., None].bool(), torch.zeros_like(pred), pred)
 
     def postprocess_prediction(self, state, pred):
         return pred.float()
@@ -111,4 +137,17 @@ class LTXRecipe(VideoRecipe):
         return {} if decode is None else dict(temb=decode["timestep"])
 
 
+class LTXImageToVideoRecipe(LTXRecipe):
+    """LTXImageToVideoPipeline: --image's latents in place of the first latent frame."""
+
+    def prepare_latents(self, r, batch, dtype, device, generator):
+        """([B, S, C] tokens: the image's normalized latents on the first frame, noise after; [B, S] mask)."""
+        pipe = self.pipe
+        image = pipe.video_processor.preprocess(load_image(r.image), height=r.height, width=r.width).to(
+            device=device, dtype=dtype)  # [1, 3, H, W]
+        return pipe.prepare_latents(image, batch, pipe.transformer.config.in_channels, r.height, r.width,
+                                    r.num_frames, torch.float32, device, generator)
+
+
 RECIPE = LTXRecipe
+RECIPES = {"LTXImageToVideoPipeline": LTXImageToVideoRecipe}

@@ -18,7 +18,8 @@ class ModelFamily:
     transformer_class: str
     pipeline_classes: tuple[str, ...]
     module: str
-    """The family's module: PLAN (a parallel.plan.ModelPlan) and RECIPE (its Recipe subclass)."""
+    """The family's module: PLAN (a parallel.plan.ModelPlan) and RECIPE (its Recipe subclass; RECIPES: {pipeline
+    class: Recipe subclass} for pipelines of the family that need another)."""
     packed: bool
     """Latents are packed 2x2 into [B, S, C] tokens (Flux) instead of patchified by the model."""
     default_steps: int
@@ -97,9 +98,11 @@ class ModelFamily:
         """The transformer's ModelPlan (imports the family module, and so torch)."""
         return importlib.import_module(self.module).PLAN
 
-    def recipe_class(self):
-        """The family's Recipe subclass (imports the family module, and so torch and diffusers)."""
-        return importlib.import_module(self.module).RECIPE
+    def recipe_class(self, pipeline_class: str | None = None):
+        """The Recipe subclass for one of the family's pipelines: the module's RECIPES entry for it (a pipeline
+        whose preparation differs, e.g. image-to-video), else its RECIPE (imports the module, torch, diffusers)."""
+        module = importlib.import_module(self.module)
+        return getattr(module, "RECIPES", {}).get(pipeline_class, module.RECIPE)
 
     def pixel_multiple(self, transformer_config: dict, vae_scale_factor: int) -> int:
         """Height and width must be multiples of this many pixels."""
@@ -177,10 +180,13 @@ FAMILIES = (
                 tiny_module="meshdit.models.tiny.wan"),
     # LTX-Video text-to-video: T5 text through cross-attention (any length); the frame rate conditions the
     # rotary positions, so default_fps is __call__'s frame_rate; tokens are VAE pixels x patch_size wide.
-    ModelFamily("ltx", "LTXVideoTransformer3DModel", ("LTXPipeline",), "meshdit.models.ltx", packed=False,
+    # Image-to-video: the image's latents replace the first latent frame, whose tokens take timestep 0.
+    ModelFamily("ltx", "LTXVideoTransformer3DModel", ("LTXPipeline", "LTXImageToVideoPipeline"), "meshdit.models.ltx",
+                packed=False,
                 default_steps=50, default_guidance=3.0, default_max_sequence_length=128, default_pixel_size=(512, 704),
                 default_num_frames=161, default_fps=25, vae_temporal_factor_key="temporal_compression_ratio",
                 call_arguments=("decode_timestep", "decode_noise_scale"),
+                image_to_video_pipelines=("LTXImageToVideoPipeline",),
                 tiny_module="meshdit.models.tiny.ltx"),
     # CogVideoX 1.0 text-to-video (2B: sin-cos positional table, which covers exactly max_text_seq_length = 226
     # text tokens; 5B: 3-D rotary embeddings, any text length). Text joins the video tokens in every attention. The pipeline defaults

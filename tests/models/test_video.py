@@ -67,7 +67,29 @@ def test_family_equals_one_process_under_every_layout(run_ranks, tiny, layout):
           reference(name, prompts), name)
 
 
+I2V_LAYOUTS = ("u2", "r2", "r2u2", "cfg2", "dp2", "pf2")
+"""The layouts each image-to-video build of a family (TinyTests.image_to_video) runs: its per-token or channel
+condition split with the tokens, cut with the batch, under CFG and PipeFusion (the CFG x Ulysses and 3-patch
+cases add nothing an I2V condition could break that these do not)."""
+I2V_CASES = [(pair, layout) for _, module in tiny_families(video=True) for pair in module.TESTS.image_to_video
+             for layout in I2V_LAYOUTS]
+
+
+@pytest.mark.parametrize("pair,layout", I2V_CASES, ids=[f"{pair[0]}-{layout}" for pair, layout in I2V_CASES])
+def test_family_image_to_video_equals_one_process(run_ranks, pair, layout):
+    """LTX: the image's latents on the first latent frame, whose per-token timestep 0 is split with the tokens
+    (PipeFusion: cut to the patch). CogVideoX: the image latents concatenated on channels, sharded with the
+    video tokens."""
+    degrees = FAMILY_LAYOUTS[layout]
+    pipefusion = "pipefusion_parallel_degree" in degrees
+    name = pair[1] if pipefusion else pair[0]
+    prompts = DP_PROMPTS if "data_parallel_degree" in degrees else None
+    check(run_ranks(world(degrees), video_jobs.generate, name, degrees, prompts, fresh=pipefusion),
+          reference(name, prompts), name)
+
+
 VAE_FAMILIES = [module.TESTS.main for _, module in tiny_families(video=True) if module.TESTS.layouts != ()]
+VAE_FAMILIES += [main for _, module in tiny_families(video=True) for main, _ in module.TESTS.image_to_video]
 
 
 @pytest.mark.parametrize("family", VAE_FAMILIES)
