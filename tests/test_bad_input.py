@@ -132,6 +132,18 @@ BAD_INPUTS = {
     "cogvideox-dpm-data-parallel": (["--model", "{tmp}/cogvideox-dpm", "--prompt", "a", "--prompt", "b",
                                      "--data-parallel-degree", "2", "--output", "{tmp}/x{i}.mp4"],
                                     "CogVideoXDPMScheduler draws fresh noise in every step"),
+    "cogvideox-i2v-without-image": (["--model", "{tmp}/cogvideox-5b-i2v", "--output", "{tmp}/x.mp4"],
+                                    "this CogVideoXImageToVideoPipeline animates an image: pass its first frame"),
+    "cogvideox-i2v-learned-other-size": (["--model", "{tmp}/cogvideox-5b-i2v", "--image", "{tmp}/earlier.png",
+                                          "--height", "480", "--width", "480", "--output", "{tmp}/x.mp4"],
+                                         "480x480 is not this model's size: its use_learned_positional_embeddings "
+                                         "cover exactly 480x720 (its transformer's sample_height x sample_width "
+                                         "latents); use --height 480 --width 720"),
+    "cogvideox-i2v-learned-other-text-length": (["--model", "{tmp}/cogvideox-5b-i2v", "--image", "{tmp}/earlier.png",
+                                                 "--max-sequence-length", "100", "--output", "{tmp}/x.mp4"],
+                                                "takes exactly 226 text tokens"),
+    "cogvideox-1.5-i2v-temporal-patch": (["--model", "{tmp}/cogvideox-1.5-i2v", "--image", "{tmp}/earlier.png",
+                                          "--output", "{tmp}/x.mp4"], "sets patch_size_t (CogVideoX 1.5's temporal"),
     # FP8 options
     "fp8-comm-k-without-fp8-comm": (["--fp8-comm-k"], "needs --fp8-comm too"),
     "attention-backend-unknown": (["--attention-backend", "fp4"], "argument --attention-backend"),
@@ -171,6 +183,12 @@ CONFIG_ONLY_MODELS = {
     "cogvideox-2b": ("CogVideoXPipeline", {**_COG_TRANSFORMER, "use_rotary_positional_embeddings": False},
                      _COG_VAE),
     "cogvideox-1.5": ("CogVideoXPipeline", {**_COG_TRANSFORMER, "patch_size_t": 2}, _COG_VAE),
+    # CogVideoX-5B I2V: learned positional embeddings for 60 x 90 latents (480 x 720 px) and 226 text tokens
+    "cogvideox-5b-i2v": ("CogVideoXImageToVideoPipeline",
+                         {**_COG_TRANSFORMER, "in_channels": 32, "use_learned_positional_embeddings": True,
+                          "sample_height": 60, "sample_width": 90, "max_text_seq_length": 226}, _COG_VAE),
+    "cogvideox-1.5-i2v": ("CogVideoXImageToVideoPipeline",
+                          {**_COG_TRANSFORMER, "in_channels": 32, "patch_size_t": 2, "ofs_embed_dim": 512}, _COG_VAE),
     "cogvideox-dpm": ({"_class_name": "CogVideoXPipeline", "scheduler": ["diffusers", "CogVideoXDPMScheduler"]},
                       _COG_TRANSFORMER, _COG_VAE),
     "ltx": ("LTXPipeline", _LTX_TRANSFORMER, _LTX_VAE),

@@ -281,6 +281,19 @@ class ModelInfo:
                 f"{height}x{width} exceeds this model's positional embedding ({max_patches} patches per side): "
                 f"use height and width <= {max_patches * multiple}.")
         self._check_rotary_table(height // multiple, width // multiple, frames, multiple)
+        self._check_fixed_size(height, width)
+
+    def _check_fixed_size(self, height: int, width: int) -> None:
+        """A model whose fixed_size_key is set (learned positional embeddings) takes only its sample size."""
+        key = self.family.fixed_size_key
+        if not key or not self.transformer_config.get(key):
+            return
+        size = tuple(int(self.transformer_config[side]) * self.vae_scale_factor
+                     for side in ("sample_height", "sample_width"))
+        if (height, width) != size:
+            raise ConfigError(
+                f"{height}x{width} is not this model's size: its {key} cover exactly {size[0]}x{size[1]} (its "
+                f"transformer's sample_height x sample_width latents); use --height {size[0]} --width {size[1]}.")
 
     def _check_rotary_table(self, rows: int, cols: int, frames: int, multiple: int) -> None:
         """A rotary table of rope_max_seq_len positions per axis (Wan: frames, rows and columns of tokens) covers

@@ -34,12 +34,13 @@ class ModelFamily:
     """Pipelines of the family whose default text length differs (PixArt-alpha: 120, Sigma: 300)."""
     max_sequence_length_limit: int | None = None
     """The text encoder's cap on --max-sequence-length (T5 in FLUX.1 and SD3: 512); None: no fixed cap."""
-    max_sequence_length_fixed: bool | str | tuple[str, bool] = False
+    max_sequence_length_fixed: bool | str | tuple[str, bool] | tuple[tuple[str, bool], ...] = False
     """The transformer takes exactly one text length (fixed_text_length_key's, else default_max_sequence_length;
     HunyuanDiT: its T5 length): True, or the transformer config key that, when set, makes it so (Wan 2.1 I2V:
     added_kv_proj_dim, image K/V projections whose processor cuts the text at 512 tokens from the end), or
     (key, value): when the key is that truth value (CogVideoX without rotary embeddings: its positional table
-    covers max_text_seq_length text tokens)."""
+    covers max_text_seq_length text tokens), or several such pairs: when any holds (CogVideoX's learned
+    positional embeddings cover them too)."""
     fixed_text_length_key: str | None = None
     """The transformer config key holding that fixed length (CogVideoX: max_text_seq_length; 226 in the released
     models, 16 in diffusers' test config); None, or absent from the config: default_max_sequence_length."""
@@ -53,6 +54,9 @@ class ModelFamily:
     family, or the transformer config key that says so (FLUX.1: guidance_embeds, true for -dev)."""
     default_pixel_size: tuple[int, int] | None = None
     """(height, width) in pixels where the pipeline's default is not square (Wan: 480 x 832)."""
+    fixed_size_key: str | None = None
+    """The transformer config key that, when true, fixes the size to the config's sample_height x sample_width
+    latents (CogVideoX-5B I2V's learned positional embeddings: the model refuses any other size)."""
     default_pixel_size_by_config: tuple[str, dict] | None = None
     """(transformer config key, its value -> (height, width)) where the pipeline derives its default size from the
     config (HunyuanVideo 1.5: a 16:9 bucket of target_size pixels); other values fall back to default_pixel_size."""
@@ -133,8 +137,9 @@ class ModelFamily:
 
     def is_text_length_fixed(self, transformer_config: dict) -> bool:
         if isinstance(self.max_sequence_length_fixed, tuple):
-            key, value = self.max_sequence_length_fixed
-            return bool(transformer_config.get(key)) == value
+            rules = self.max_sequence_length_fixed
+            rules = (rules,) if isinstance(rules[0], str) else rules  # one (key, value) pair, or several
+            return any(bool(transformer_config.get(key)) == value for key, value in rules)
         if isinstance(self.max_sequence_length_fixed, str):
             return transformer_config.get(self.max_sequence_length_fixed) is not None
         return self.max_sequence_length_fixed
@@ -192,17 +197,20 @@ FAMILIES = (
     # text tokens; 5B: 3-D rotary embeddings, any text length). Text joins the video tokens in every attention. The pipeline defaults
     # size and frames from the transformer config (sample_height/width x 8, sample_frames: 480 x 720, 49 in 1.0);
     # fps is its examples' export_to_video fps.
-    ModelFamily("cogvideox", "CogVideoXTransformer3DModel", ("CogVideoXPipeline",), "meshdit.models.cogvideox",
+    # Image-to-video: the image's latents join the noise on channels (in_channels doubled); CogVideoX-5B I2V's
+    # learned positional embeddings fix the size and, like the sin-cos table, the text length.
+    ModelFamily("cogvideox", "CogVideoXTransformer3DModel", ("CogVideoXPipeline", "CogVideoXImageToVideoPipeline"),
+                "meshdit.models.cogvideox",
                 packed=False, default_steps=50, default_guidance=6.0, default_max_sequence_length=226,
-                tensor_parallel=True, max_sequence_length_fixed=("use_rotary_positional_embeddings", False),
+                tensor_parallel=True, max_sequence_length_fixed=(("use_rotary_positional_embeddings", False),
+                                                                 ("use_learned_positional_embeddings", True)),
                 fixed_text_length_key="max_text_seq_length", noise_drawing_schedulers=("CogVideoXDPMScheduler",),
-                default_pixel_size=(480, 720),
+                default_pixel_size=(480, 720), fixed_size_key="use_learned_positional_embeddings",
                 default_num_frames=49, default_fps=8, vae_temporal_factor_key="temporal_compression_ratio",
+                image_to_video_pipelines=("CogVideoXImageToVideoPipeline",),
                 refused_transformer_config={
                     "patch_size_t": "CogVideoX 1.5's temporal patch: the pipeline pads the latent frames to it, "
-                                    "and PipeFusion's patches of token rows would cut through latent frames",
-                    "use_learned_positional_embeddings": "learned positional embeddings, which fix the size "
-                                                         "(CogVideoX-5B image-to-video)"},
+                                    "and PipeFusion's patches of token rows would cut through latent frames"},
                 tiny_module="meshdit.models.tiny.cogvideox"),
     # HunyuanVideo text-to-video: guidance-distilled (the scale is embedded); the prompt (Llama, padded to
     # max_sequence_length) joins the video tokens in every attention. Defaults: HunyuanVideoPipeline.__call__'s,

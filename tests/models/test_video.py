@@ -105,12 +105,14 @@ def test_family_parallel_vae_decode_equals_one_process(run_ranks, family):
 @pytest.mark.parametrize("name,layout", [("cogvideox-dpm", "cfg2"), ("cogvideox-dpm", "r2u2"),
                                          ("cogvideox-dpm", "pf2"), ("cogvideox-sincos", "u2"),
                                          ("cogvideox-sincos", "r2"), ("cogvideox-sincos16", "u2"),
-                                         ("cogvideox-sincos16", "r2"), ("cogvideox-sincos16", "pf2")])
+                                         ("cogvideox-sincos16", "r2"), ("cogvideox-sincos16", "pf2"),
+                                         ("cogvideox-i2v-ofs", "cfg2")])
 def test_cogvideox_variants_equal_one_process(run_ranks, name, layout):
     """The 5B's DPM scheduler (3 steps: its second-order update runs from step 2; it draws noise in every step
     from the request's generator, which every rank holds alike; data parallelism is refused, see
     tests/test_bad_input.py) and the 2B's sin-cos positional table (added before the split), over the released 226 text
-    tokens and diffusers' test config's 16 (the fixed length read from max_text_seq_length)."""
+    tokens and diffusers' test config's 16 (the fixed length read from max_text_seq_length); image-to-video's ofs
+    embedding (one row for the batch, whichever branches a rank runs)."""
     degrees = dict(FAMILY_LAYOUTS[layout])
     steps = 3 if name.startswith("cogvideox-dpm") else 2
     if "pipefusion_parallel_degree" in degrees:
