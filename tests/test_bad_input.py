@@ -119,6 +119,16 @@ BAD_INPUTS = {
                                         "frames cannot cut: use --num-frames 9 or 25"),
     "ltx-image-to-video-without-image": (["--model", "{tmp}/ltx-i2v", "--output", "{tmp}/x.mp4"],
                                          "this LTXImageToVideoPipeline animates an image: pass its first frame"),
+    "ltx-condition-without-image": (["--model", "{tmp}/ltx-condition", "--output", "{tmp}/x.mp4"],
+                                    "this LTXConditionPipeline animates an image: pass its first frame"),
+    "ltx-condition-at-a-later-frame": (["--model", "{tmp}/ltx-condition", "--image", "{tmp}/earlier.png",
+                                        "--extra", "frame_index=8", "--output", "{tmp}/x.mp4"],
+                                       "--extra frame_index: meshdit does not pass 'frame_index' to this "
+                                       "LTXConditionPipeline: LTXConditionPipeline runs with one condition, --image "
+                                       "at frame 0 with strength 1"),
+    "ltx-condition-denoise-strength": (["--model", "{tmp}/ltx-condition", "--image", "{tmp}/earlier.png",
+                                        "--extra", "denoise_strength=0.5", "--output", "{tmp}/x.mp4"],
+                                       "video-to-video from given latents: meshdit takes no --latents"),
     # CogVideoX
     "cogvideox-frames-not-4k+1": (["--model", "{tmp}/cogvideox", "--num-frames", "48", "--output", "{tmp}/x.mp4"],
                                   "use k * 4 + 1 frames, e.g. --num-frames 45 or 49"),
@@ -194,6 +204,7 @@ CONFIG_ONLY_MODELS = {
     "ltx": ("LTXPipeline", _LTX_TRANSFORMER, _LTX_VAE),
     "ltx-patch-t2": ("LTXPipeline", {**_LTX_TRANSFORMER, "patch_size_t": 2}, _LTX_VAE),
     "ltx-i2v": ("LTXImageToVideoPipeline", _LTX_TRANSFORMER, _LTX_VAE),
+    "ltx-condition": ("LTXConditionPipeline", _LTX_TRANSFORMER, _LTX_VAE),
 }
 
 

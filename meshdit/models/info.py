@@ -152,6 +152,9 @@ class ModelInfo:
         be ignored, and a pipeline argument the result depends on silently dropped."""
         known = ("max_sequence_length",) + self.family.call_arguments
         for key in request.extra:
+            if key in self.family.refused_call_arguments:
+                raise ConfigError(f"--extra {key}: meshdit does not pass {key!r} to this {self.pipeline_class}: "
+                                  f"{self.family.refused_call_arguments[key]}; drop it.")
             if key not in known:
                 takes = ", ".join(self.family.call_arguments) or "none"
                 raise ConfigError(f"--extra {key}: meshdit does not pass {key!r} to this {self.pipeline_class} "

@@ -86,6 +86,9 @@ class ModelFamily:
     call_arguments: tuple[str, ...] = ()
     """Pipeline __call__ arguments without a flag of their own that the recipe takes from GenerateRequest.extra
     (`--extra KEY=JSON`; tests/models/test_call_arguments.py checks each is one of __call__'s)."""
+    refused_call_arguments: dict[str, str] = field(default_factory=dict)
+    """Pipeline __call__ arguments meshdit does not pass, each -> why (ModelInfo.check_call_arguments says it when
+    --extra gives one; LTXConditionPipeline's conditions beyond --image at frame 0)."""
     # -- tests --
     tiny_module: str = ""
     """The module of the family's tiny random-weight pipelines (`meshdit.models.tiny.<family>`: BUILDERS, TESTS,
@@ -185,13 +188,22 @@ FAMILIES = (
                 tiny_module="meshdit.models.tiny.wan"),
     # LTX-Video text-to-video: T5 text through cross-attention (any length); the frame rate conditions the
     # rotary positions, so default_fps is __call__'s frame_rate; tokens are VAE pixels x patch_size wide.
-    # Image-to-video: the image's latents replace the first latent frame, whose tokens take timestep 0.
-    ModelFamily("ltx", "LTXVideoTransformer3DModel", ("LTXPipeline", "LTXImageToVideoPipeline"), "meshdit.models.ltx",
-                packed=False,
+    # Image-to-video: the image's latents replace the first latent frame, whose tokens take timestep 0; the
+    # condition pipeline takes --image as its one condition, at frame 0 with strength 1.
+    ModelFamily("ltx", "LTXVideoTransformer3DModel", ("LTXPipeline", "LTXImageToVideoPipeline", "LTXConditionPipeline"),
+                "meshdit.models.ltx", packed=False, max_sequence_length_by_pipeline={"LTXConditionPipeline": 256},
                 default_steps=50, default_guidance=3.0, default_max_sequence_length=128, default_pixel_size=(512, 704),
                 default_num_frames=161, default_fps=25, vae_temporal_factor_key="temporal_compression_ratio",
                 call_arguments=("decode_timestep", "decode_noise_scale"),
-                image_to_video_pipelines=("LTXImageToVideoPipeline",),
+                image_to_video_pipelines=("LTXImageToVideoPipeline", "LTXConditionPipeline"),
+                refused_call_arguments=dict.fromkeys(
+                    ("conditions", "video", "frame_index", "strength"),
+                    "LTXConditionPipeline runs with one condition, --image at frame 0 with strength 1: a video, a "
+                    "later frame or a weaker strength makes extra latent tokens with their own coordinates and "
+                    "timesteps, which meshdit's token grid (PipeFusion's patches, the decode) does not hold yet")
+                | {"denoise_strength": "video-to-video from given latents: meshdit takes no --latents",
+                   "image_cond_noise_scale": "meshdit runs LTXConditionPipeline's default, 0.15 (the LTX family's "
+                                             "other pipelines have no such argument)"},
                 tiny_module="meshdit.models.tiny.ltx"),
     # CogVideoX 1.0 text-to-video (2B: sin-cos positional table, which covers exactly max_text_seq_length = 226
     # text tokens; 5B: 3-D rotary embeddings, any text length). Text joins the video tokens in every attention. The pipeline defaults

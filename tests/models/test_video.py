@@ -186,3 +186,39 @@ def test_generate_command_writes_a_playable_mp4(tmp_path):
     assert frames.shape == (video_jobs.FRAMES, video_jobs.HEIGHT, video_jobs.WIDTH, 3)
     assert iio.immeta(clip)["fps"] == 8
     assert not [p.name for p in tmp_path.iterdir() if ".partial" in p.name]  # the temp file was renamed
+
+
+def test_ltx_condition_steps_a_pipefusion_patch_as_its_part_of_the_whole():
+    """LTXConditionPipeline steps per token (per-token timesteps; the conditioning tokens kept, then re-noised for
+    the next step): a PipeFusion patch finds its tokens through the scheduler's token index, which the per-patch
+    scheduler copies cut to their patch. Stepping each patch (one cutting the conditioning frame's rows) equals
+    its part of the whole step, bit for bit."""
+    import torch
+
+    from meshdit.denoising.pipefusion_loop import _patch_scheduler
+    from meshdit.engine import Engine
+    from meshdit.testing.tiny_models import tiny_pipeline
+
+    pipe = tiny_pipeline("ltx-condition")
+    pipe.set_progress_bar_config(disable=True)
+    engine = Engine(pipe)
+    try:
+        recipe = engine.recipe
+        state = recipe.prepare(video_jobs.request("ltx-condition", pipe), torch.Generator().manual_seed(3),
+                               torch.device("cpu"))
+        t, latents, main = state.timesteps[0], state.latents, pipe.scheduler
+        pred = torch.randn(latents.shape, generator=torch.Generator().manual_seed(0))
+        whole = recipe.step(state, pred, t, latents.clone())
+        assert not torch.equal(whole[:, :15], latents[:, :15])  # the image's 3 x 5 tokens, re-noised
+        for row0, row1 in [(0, 2), (2, 9)]:  # 9 token rows of 5 tokens; the image's frame: rows 0-2
+            def view(x, row0=row0, row1=row1):
+                return recipe.patch_view(state, x, row0, row1)
+
+            pipe.scheduler = _patch_scheduler(main, view, latents.shape)
+            try:
+                part = recipe.step(state, view(pred), t, view(latents).clone())
+            finally:
+                pipe.scheduler = main
+            assert torch.equal(part, view(whole)), (row0, row1)
+    finally:
+        engine.close()

@@ -24,23 +24,26 @@ def tiny_ltx_pipeline(seed: int = 0, layers: int = 2, pipeline: str = "LTXPipeli
         layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1, 1),
         spatio_temporal_scaling=(True, True, False, False), decoder_spatio_temporal_scaling=(True, True, False, False),
         timestep_conditioning=True, patch_size=8, patch_size_t=1).eval()
-    return getattr(diffusers, pipeline)(
-        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True), vae=vae, text_encoder=t5_text_model(32),
-        tokenizer=t5_tokenizer(), transformer=transformer)
+    # LTXConditionPipeline passes its own timesteps, without the shift `mu` a dynamically shifting scheduler needs
+    scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=pipeline != _CONDITION)
+    return getattr(diffusers, pipeline)(scheduler=scheduler, vae=vae, text_encoder=t5_text_model(32),
+                                        tokenizer=t5_tokenizer(), transformer=transformer)
 
 
-_I2V = "LTXImageToVideoPipeline"
+_I2V, _CONDITION = "LTXImageToVideoPipeline", "LTXConditionPipeline"
 BUILDERS = {
     "ltx": tiny_ltx_pipeline,
     "ltx-4blocks": lambda seed=0: tiny_ltx_pipeline(seed, layers=4),
     "ltx-i2v": lambda seed=0: tiny_ltx_pipeline(seed, pipeline=_I2V),
     "ltx-i2v-4blocks": lambda seed=0: tiny_ltx_pipeline(seed, layers=4, pipeline=_I2V),
+    "ltx-condition": lambda seed=0: tiny_ltx_pipeline(seed, pipeline=_CONDITION),
+    "ltx-condition-4blocks": lambda seed=0: tiny_ltx_pipeline(seed, layers=4, pipeline=_CONDITION),
 }
 # tokens 32 px wide; LTX 0.9.1's decode: a nonzero `temb` and the decode noise (cut with the batch); image-to-video:
 # the per-token timestep split with the tokens
 TESTS = TinyTests(main="ltx", four_blocks="ltx-4blocks", token_scale=2,
                   request_extra={"decode_timestep": 0.05, "decode_noise_scale": 0.025},
-                  image_to_video=(("ltx-i2v", "ltx-i2v-4blocks"),))
+                  image_to_video=(("ltx-i2v", "ltx-i2v-4blocks"), ("ltx-condition", "ltx-condition-4blocks")))
 # _cp_plan entries meshdit leaves whole (tests/models/test_diffusers_guard.py): text stays whole on every rank, since LTX's
 # attn2 is cross-attention (LOCAL): each rank's image tokens attend to all of it without communication (diffusers
 # shards it and lets its ring gather K/V)
@@ -62,4 +65,8 @@ GUARD_CASES = {
     "ltx-i2v": GuardCase("ltx-i2v", dict(_VIDEO, image=sample_image(_SIZE["height"], _SIZE["width"]),
                                          decode_timestep=0.05, decode_noise_scale=0.025), 3.0,
                          {"decode_timestep": 0.05, "decode_noise_scale": 0.025}, _SIZE),
+    # --image as the condition at frame 0 (strength 1), re-noised each step; per-token timesteps in the step
+    "ltx-condition": GuardCase("ltx-condition", dict(_VIDEO, image=sample_image(_SIZE["height"], _SIZE["width"]),
+                                                     decode_timestep=0.05, decode_noise_scale=0.025), 3.0,
+                               {"decode_timestep": 0.05, "decode_noise_scale": 0.025}, _SIZE),
 }
