@@ -121,6 +121,18 @@ BAD_INPUTS = {
     "hunyuanvideo-i2v-token-replace": (["--model", "{tmp}/hunyuanvideo-i2v-token-replace", "--image",
                                         "{tmp}/earlier.png", "--output", "{tmp}/x.mp4"],
                                        "sets image_condition_type 'token_replace' (the first frame's tokens"),
+    "ltx-image-to-video-without-image": (["--model", "{tmp}/ltx-i2v", "--output", "{tmp}/x.mp4"],
+                                         "this LTXImageToVideoPipeline animates an image: pass its first frame"),
+    "ltx-condition-without-image": (["--model", "{tmp}/ltx-condition", "--output", "{tmp}/x.mp4"],
+                                    "this LTXConditionPipeline animates an image: pass its first frame"),
+    "ltx-condition-at-a-later-frame": (["--model", "{tmp}/ltx-condition", "--image", "{tmp}/earlier.png",
+                                        "--extra", "frame_index=8", "--output", "{tmp}/x.mp4"],
+                                       "--extra frame_index: meshdit does not pass 'frame_index' to this "
+                                       "LTXConditionPipeline: LTXConditionPipeline runs with one condition, --image "
+                                       "at frame 0 with strength 1"),
+    "ltx-condition-denoise-strength": (["--model", "{tmp}/ltx-condition", "--image", "{tmp}/earlier.png",
+                                        "--extra", "denoise_strength=0.5", "--output", "{tmp}/x.mp4"],
+                                       "video-to-video from given latents: meshdit takes no --latents"),
     # CogVideoX
     "cogvideox-frames-not-4k+1": (["--model", "{tmp}/cogvideox", "--num-frames", "48", "--output", "{tmp}/x.mp4"],
                                   "use k * 4 + 1 frames, e.g. --num-frames 45 or 49"),
@@ -134,6 +146,18 @@ BAD_INPUTS = {
     "cogvideox-dpm-data-parallel": (["--model", "{tmp}/cogvideox-dpm", "--prompt", "a", "--prompt", "b",
                                      "--data-parallel-degree", "2", "--output", "{tmp}/x{i}.mp4"],
                                     "CogVideoXDPMScheduler draws fresh noise in every step"),
+    "cogvideox-i2v-without-image": (["--model", "{tmp}/cogvideox-5b-i2v", "--output", "{tmp}/x.mp4"],
+                                    "this CogVideoXImageToVideoPipeline animates an image: pass its first frame"),
+    "cogvideox-i2v-learned-other-size": (["--model", "{tmp}/cogvideox-5b-i2v", "--image", "{tmp}/earlier.png",
+                                          "--height", "480", "--width", "480", "--output", "{tmp}/x.mp4"],
+                                         "480x480 is not this model's size: its use_learned_positional_embeddings "
+                                         "cover exactly 480x720 (its transformer's sample_height x sample_width "
+                                         "latents); use --height 480 --width 720"),
+    "cogvideox-i2v-learned-other-text-length": (["--model", "{tmp}/cogvideox-5b-i2v", "--image", "{tmp}/earlier.png",
+                                                 "--max-sequence-length", "100", "--output", "{tmp}/x.mp4"],
+                                                "takes exactly 226 text tokens"),
+    "cogvideox-1.5-i2v-temporal-patch": (["--model", "{tmp}/cogvideox-1.5-i2v", "--image", "{tmp}/earlier.png",
+                                          "--output", "{tmp}/x.mp4"], "sets patch_size_t (CogVideoX 1.5's temporal"),
     # FP8 options
     "fp8-comm-k-without-fp8-comm": (["--fp8-comm-k"], "needs --fp8-comm too"),
     "attention-backend-unknown": (["--attention-backend", "fp4"], "argument --attention-backend"),
@@ -173,6 +197,12 @@ CONFIG_ONLY_MODELS = {
     "cogvideox-2b": ("CogVideoXPipeline", {**_COG_TRANSFORMER, "use_rotary_positional_embeddings": False},
                      _COG_VAE),
     "cogvideox-1.5": ("CogVideoXPipeline", {**_COG_TRANSFORMER, "patch_size_t": 2}, _COG_VAE),
+    # CogVideoX-5B I2V: learned positional embeddings for 60 x 90 latents (480 x 720 px) and 226 text tokens
+    "cogvideox-5b-i2v": ("CogVideoXImageToVideoPipeline",
+                         {**_COG_TRANSFORMER, "in_channels": 32, "use_learned_positional_embeddings": True,
+                          "sample_height": 60, "sample_width": 90, "max_text_seq_length": 226}, _COG_VAE),
+    "cogvideox-1.5-i2v": ("CogVideoXImageToVideoPipeline",
+                          {**_COG_TRANSFORMER, "in_channels": 32, "patch_size_t": 2, "ofs_embed_dim": 512}, _COG_VAE),
     "cogvideox-dpm": ({"_class_name": "CogVideoXPipeline", "scheduler": ["diffusers", "CogVideoXDPMScheduler"]},
                       _COG_TRANSFORMER, _COG_VAE),
     "ltx": ("LTXPipeline", _LTX_TRANSFORMER, _LTX_VAE),
@@ -182,6 +212,8 @@ CONFIG_ONLY_MODELS = {
          "num_single_layers": 1, "patch_size": 2, "patch_size_t": 1, "image_condition_type": "token_replace"},
         {"_class_name": "AutoencoderKLHunyuanVideo", "spatial_compression_ratio": 8, "temporal_compression_ratio": 4}),
     "ltx-patch-t2": ("LTXPipeline", {**_LTX_TRANSFORMER, "patch_size_t": 2}, _LTX_VAE),
+    "ltx-i2v": ("LTXImageToVideoPipeline", _LTX_TRANSFORMER, _LTX_VAE),
+    "ltx-condition": ("LTXConditionPipeline", _LTX_TRANSFORMER, _LTX_VAE),
 }
 
 

@@ -6,12 +6,19 @@ The pipeline keeps its latents [B, F, C, h, w] (frames before channels); the rec
 like every video family, so PipeFusion's patches of token rows are slices, and hands the model and the
 scheduler the pipeline's layout as transposed views: every operation between is elementwise, and the
 scheduler's noise is drawn at the pipeline's shape, so the values are the pipeline's.
+
+Image-to-video (CogVideoXImageToVideoPipeline): the image's VAE latents (first frame, zeros after) join the
+noisy latents on channels before the model's patch embedding (in_channels doubled), so they are sharded with
+the video tokens. An `ofs` embedding (ofs_embed_dim; CogVideoX 1.5 I2V, whose temporal patch meshdit refuses)
+is one value for the whole batch. Learned positional embeddings (CogVideoX-5B I2V) are added by the patch
+embedding before the split, like the 2B's sin-cos table; they fix the size and the text length (ModelInfo).
 """
 from __future__ import annotations
 
 import torch
 from diffusers import CogVideoXDPMScheduler
 from diffusers.pipelines.cogvideo.pipeline_cogvideox import retrieve_timesteps
+from diffusers.utils import load_image
 
 from ..denoising.recipe import COND, UNCOND, DenoiseState
 from ..denoising.video import VideoRecipe
@@ -63,22 +70,33 @@ class CogVideoXRecipe(VideoRecipe):
         if cfg:  # uncond first: the order the pipeline batches them in
             branches = {UNCOND: dict(encoder_hidden_states=n_embeds), **branches}
         timesteps, _ = retrieve_timesteps(pipe.scheduler, r.num_inference_steps, device)
-        latents = pipe.prepare_latents(  # [B, F, C, h, w]
-            embeds.shape[0], pipe.transformer.config.in_channels, r.num_frames, r.height, r.width, embeds.dtype,
-            device, generator)
+        latents, image = self.prepare_latents(r, embeds.shape[0], embeds.dtype, device, generator)
         rotary = None
         if pipe.transformer.config.use_rotary_positional_embeddings:
             # Private: CogVideoXPipeline builds its (cos, sin) [S, D] tables in no public method.
             rotary = pipe._prepare_rotary_positional_embeddings(r.height, r.width, latents.size(1), device)
         pipe.scheduler.meshdit_old_pred = None  # DPM's previous prediction of x0 (see step)
         return DenoiseState(_frames_first(latents).contiguous(), timesteps, branches, r.guidance_scale, r.height,
-                            r.width, extra=dict(rotary=rotary, dtype=embeds.dtype,
+                            r.width, extra=dict(rotary=rotary, dtype=embeds.dtype, image=image,
                                                 step_kwargs=pipe.prepare_extra_step_kwargs(generator, 0.0)))
+
+    def prepare_latents(self, r, batch, dtype, device, generator):
+        """(noise [B, F, C, h, w], the image condition: None for text-to-video)."""
+        pipe = self.pipe
+        return pipe.prepare_latents(batch, pipe.transformer.config.in_channels, r.num_frames, r.height, r.width,
+                                    dtype, device, generator), None
 
     def model_inputs(self, state, latents, t, branch):
         latents = self.pipe.scheduler.scale_model_input(_frames_first(latents), t)  # [B, F, C, h, w]
+        if state.extra["image"] is not None:  # image-to-video: [B, F, 2C, h, w]
+            latents = torch.cat([latents, state.extra["image"]], dim=2)
         return dict(hidden_states=latents, timestep=t.expand(latents.shape[0]),
-                    image_rotary_emb=state.extra["rotary"], attention_kwargs=None, **state.branches[branch])
+                    image_rotary_emb=state.extra["rotary"], attention_kwargs=None, **self.ofs(latents),
+                    **state.branches[branch])
+
+    def ofs(self, latents) -> dict:
+        """The model's ofs input: none for text-to-video."""
+        return {}
 
     def postprocess_prediction(self, state, pred):
         return _frames_first(pred.float()).contiguous()  # [B, C, F, h, w]
@@ -106,4 +124,26 @@ class CogVideoXRecipe(VideoRecipe):
         return 1 / self.pipe.vae_scaling_factor_image * latents  # [B, C, F, h, w]
 
 
+class CogVideoXImageToVideoRecipe(CogVideoXRecipe):
+    """CogVideoXImageToVideoPipeline: --image's latents (first frame, then zeros) beside the noise's channels."""
+
+    unbatched_keys = ("ofs",)  # [1]: one value for every sample and branch
+
+    def prepare_latents(self, r, batch, dtype, device, generator):
+        """(noise [B, F, C, h, w], the image's latents [B, F, C, h, w]: the scaled first frame, zeros after)."""
+        pipe = self.pipe
+        # one row per video ([B, 3, H, W]): the pipeline takes as many images as videos, encoding (and sampling
+        # the latent distribution for) each in turn, so this is the pipeline given the image once per video
+        image = pipe.video_processor.preprocess(load_image(r.image), height=r.height, width=r.width).to(
+            device, dtype=dtype).repeat(batch, 1, 1, 1)
+        return pipe.prepare_latents(image, batch, pipe.transformer.config.in_channels // 2, r.num_frames, r.height,
+                                    r.width, dtype, device, generator)
+
+    def ofs(self, latents) -> dict:
+        if self.pipe.transformer.config.ofs_embed_dim is None:
+            return {}
+        return dict(ofs=latents.new_full((1,), fill_value=2.0))  # the pipeline's constant
+
+
 RECIPE = CogVideoXRecipe
+RECIPES = {"CogVideoXImageToVideoPipeline": CogVideoXImageToVideoRecipe}

@@ -52,12 +52,6 @@ PLAN = ModelPlan(
 
 
 class HunyuanVideoRecipe(VideoRecipe):
-    def __new__(cls, pipe, *args, **kwargs):
-        # RECIPE is the family's one recipe: the image-to-video pipeline gets its subclass
-        if cls is HunyuanVideoRecipe and type(pipe).__name__ == "HunyuanVideoImageToVideoPipeline":
-            cls = HunyuanVideoImageToVideoRecipe
-        return super().__new__(cls)
-
     def prepare_settings(self, r, generator, device):
         pipe = self.pipe
         dtype = pipe.transformer.dtype
@@ -157,3 +151,4 @@ class HunyuanVideoImageToVideoRecipe(HunyuanVideoRecipe):
 
 
 RECIPE = HunyuanVideoRecipe
+RECIPES = {"HunyuanVideoImageToVideoPipeline": HunyuanVideoImageToVideoRecipe}

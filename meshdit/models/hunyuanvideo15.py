@@ -39,12 +39,6 @@ PLAN = ModelPlan(
 
 
 class HunyuanVideo15Recipe(VideoRecipe):
-    def __new__(cls, pipe, *args, **kwargs):
-        # RECIPE is the family's one recipe: the image-to-video pipeline gets its subclass
-        if cls is HunyuanVideo15Recipe and type(pipe).__name__ == "HunyuanVideo15ImageToVideoPipeline":
-            cls = HunyuanVideo15ImageToVideoRecipe
-        return super().__new__(cls)
-
     def prepare_settings(self, r, generator, device):
         pipe = self.pipe
         dtype = pipe.transformer.dtype
@@ -127,3 +121,4 @@ def _runs_cfg(guider, scale: float) -> bool:
 
 
 RECIPE = HunyuanVideo15Recipe
+RECIPES = {"HunyuanVideo15ImageToVideoPipeline": HunyuanVideo15ImageToVideoRecipe}

@@ -128,8 +128,9 @@ class ModelInfo:
 
     def make_recipe(self, pipe):
         """The family's recipe for `pipe`, filling unset request values from this model's defaults."""
-        return self.family.recipe_class()(pipe, self.request_defaults(), self.family.packed,
-                                          self.family.pixel_multiple(self.transformer_config, self.vae_scale_factor))
+        recipe = self.family.recipe_class(self.pipeline_class)
+        return recipe(pipe, self.request_defaults(), self.family.packed,
+                      self.family.pixel_multiple(self.transformer_config, self.vae_scale_factor))
 
     def check_request(self, config: ParallelConfig, request: GenerateRequest, num_images: int | None = None) -> None:
         """Everything about a request that can be checked before weights load; unset values take the defaults.
@@ -157,6 +158,9 @@ class ModelInfo:
         be ignored, and a pipeline argument the result depends on silently dropped."""
         known = ("max_sequence_length",) + self.family.call_arguments
         for key in request.extra:
+            if key in self.family.refused_call_arguments:
+                raise ConfigError(f"--extra {key}: meshdit does not pass {key!r} to this {self.pipeline_class}: "
+                                  f"{self.family.refused_call_arguments[key]}; drop it.")
             if key not in known:
                 takes = ", ".join(self.family.call_arguments) or "none"
                 raise ConfigError(f"--extra {key}: meshdit does not pass {key!r} to this {self.pipeline_class} "
@@ -288,6 +292,19 @@ class ModelInfo:
                 f"{height}x{width} exceeds this model's positional embedding ({max_patches} patches per side): "
                 f"use height and width <= {max_patches * multiple}.")
         self._check_rotary_table(height // multiple, width // multiple, frames, multiple)
+        self._check_fixed_size(height, width)
+
+    def _check_fixed_size(self, height: int, width: int) -> None:
+        """A model whose fixed_size_key is set (learned positional embeddings) takes only its sample size."""
+        key = self.family.fixed_size_key
+        if not key or not self.transformer_config.get(key):
+            return
+        size = tuple(int(self.transformer_config[side]) * self.vae_scale_factor
+                     for side in ("sample_height", "sample_width"))
+        if (height, width) != size:
+            raise ConfigError(
+                f"{height}x{width} is not this model's size: its {key} cover exactly {size[0]}x{size[1]} (its "
+                f"transformer's sample_height x sample_width latents); use --height {size[0]} --width {size[1]}.")
 
     def _check_rotary_table(self, rows: int, cols: int, frames: int, multiple: int) -> None:
         """A rotary table of rope_max_seq_len positions per axis (Wan: frames, rows and columns of tokens) covers

@@ -18,7 +18,8 @@ class ModelFamily:
     transformer_class: str
     pipeline_classes: tuple[str, ...]
     module: str
-    """The family's module: PLAN (a parallel.plan.ModelPlan) and RECIPE (its Recipe subclass)."""
+    """The family's module: PLAN (a parallel.plan.ModelPlan) and RECIPE (its Recipe subclass; RECIPES: {pipeline
+    class: Recipe subclass} for pipelines of the family that need another)."""
     packed: bool
     """Latents are packed 2x2 into [B, S, C] tokens (Flux) instead of patchified by the model."""
     default_steps: int
@@ -35,12 +36,13 @@ class ModelFamily:
     """Pipelines of the family whose default guidance differs (HunyuanVideo image-to-video: 1.0)."""
     max_sequence_length_limit: int | None = None
     """The text encoder's cap on --max-sequence-length (T5 in FLUX.1 and SD3: 512); None: no fixed cap."""
-    max_sequence_length_fixed: bool | str | tuple[str, bool] = False
+    max_sequence_length_fixed: bool | str | tuple[str, bool] | tuple[tuple[str, bool], ...] = False
     """The transformer takes exactly one text length (fixed_text_length_key's, else default_max_sequence_length;
     HunyuanDiT: its T5 length): True, or the transformer config key that, when set, makes it so (Wan 2.1 I2V:
     added_kv_proj_dim, image K/V projections whose processor cuts the text at 512 tokens from the end), or
     (key, value): when the key is that truth value (CogVideoX without rotary embeddings: its positional table
-    covers max_text_seq_length text tokens)."""
+    covers max_text_seq_length text tokens), or several such pairs: when any holds (CogVideoX's learned
+    positional embeddings cover them too)."""
     fixed_text_length_key: str | None = None
     """The transformer config key holding that fixed length (CogVideoX: max_text_seq_length; 226 in the released
     models, 16 in diffusers' test config); None, or absent from the config: default_max_sequence_length."""
@@ -54,6 +56,9 @@ class ModelFamily:
     family, or the transformer config key that says so (FLUX.1: guidance_embeds, true for -dev)."""
     default_pixel_size: tuple[int, int] | None = None
     """(height, width) in pixels where the pipeline's default is not square (Wan: 480 x 832)."""
+    fixed_size_key: str | None = None
+    """The transformer config key that, when true, fixes the size to the config's sample_height x sample_width
+    latents (CogVideoX-5B I2V's learned positional embeddings: the model refuses any other size)."""
     default_pixel_size_by_config: tuple[str, dict] | None = None
     """(transformer config key, its value -> (height, width)) where the pipeline derives its default size from the
     config (HunyuanVideo 1.5: a 16:9 bucket of target_size pixels); other values fall back to default_pixel_size."""
@@ -84,6 +89,9 @@ class ModelFamily:
     call_arguments: tuple[str, ...] = ()
     """Pipeline __call__ arguments without a flag of their own that the recipe takes from GenerateRequest.extra
     (`--extra KEY=JSON`; tests/models/test_call_arguments.py checks each is one of __call__'s)."""
+    refused_call_arguments: dict[str, str] = field(default_factory=dict)
+    """Pipeline __call__ arguments meshdit does not pass, each -> why (ModelInfo.check_call_arguments says it when
+    --extra gives one; LTXConditionPipeline's conditions beyond --image at frame 0)."""
     # -- tests --
     tiny_module: str = ""
     """The module of the family's tiny random-weight pipelines (`meshdit.models.tiny.<family>`: BUILDERS, TESTS,
@@ -103,9 +111,11 @@ class ModelFamily:
         """The transformer's ModelPlan (imports the family module, and so torch)."""
         return importlib.import_module(self.module).PLAN
 
-    def recipe_class(self):
-        """The family's Recipe subclass (imports the family module, and so torch and diffusers)."""
-        return importlib.import_module(self.module).RECIPE
+    def recipe_class(self, pipeline_class: str | None = None):
+        """The Recipe subclass for one of the family's pipelines: the module's RECIPES entry for it (a pipeline
+        whose preparation differs, e.g. image-to-video), else its RECIPE (imports the module, torch, diffusers)."""
+        module = importlib.import_module(self.module)
+        return getattr(module, "RECIPES", {}).get(pipeline_class, module.RECIPE)
 
     def pixel_multiple(self, transformer_config: dict, vae_scale_factor: int) -> int:
         """Height and width must be multiples of this many pixels."""
@@ -136,8 +146,9 @@ class ModelFamily:
 
     def is_text_length_fixed(self, transformer_config: dict) -> bool:
         if isinstance(self.max_sequence_length_fixed, tuple):
-            key, value = self.max_sequence_length_fixed
-            return bool(transformer_config.get(key)) == value
+            rules = self.max_sequence_length_fixed
+            rules = (rules,) if isinstance(rules[0], str) else rules  # one (key, value) pair, or several
+            return any(bool(transformer_config.get(key)) == value for key, value in rules)
         if isinstance(self.max_sequence_length_fixed, str):
             return transformer_config.get(self.max_sequence_length_fixed) is not None
         return self.max_sequence_length_fixed
@@ -183,26 +194,41 @@ FAMILIES = (
                 tiny_module="meshdit.models.tiny.wan"),
     # LTX-Video text-to-video: T5 text through cross-attention (any length); the frame rate conditions the
     # rotary positions, so default_fps is __call__'s frame_rate; tokens are VAE pixels x patch_size wide.
-    ModelFamily("ltx", "LTXVideoTransformer3DModel", ("LTXPipeline",), "meshdit.models.ltx", packed=False,
+    # Image-to-video: the image's latents replace the first latent frame, whose tokens take timestep 0; the
+    # condition pipeline takes --image as its one condition, at frame 0 with strength 1.
+    ModelFamily("ltx", "LTXVideoTransformer3DModel", ("LTXPipeline", "LTXImageToVideoPipeline", "LTXConditionPipeline"),
+                "meshdit.models.ltx", packed=False, max_sequence_length_by_pipeline={"LTXConditionPipeline": 256},
                 default_steps=50, default_guidance=3.0, default_max_sequence_length=128, default_pixel_size=(512, 704),
                 default_num_frames=161, default_fps=25, vae_temporal_factor_key="temporal_compression_ratio",
                 call_arguments=("decode_timestep", "decode_noise_scale"),
+                image_to_video_pipelines=("LTXImageToVideoPipeline", "LTXConditionPipeline"),
+                refused_call_arguments=dict.fromkeys(
+                    ("conditions", "video", "frame_index", "strength"),
+                    "LTXConditionPipeline runs with one condition, --image at frame 0 with strength 1: a video, a "
+                    "later frame or a weaker strength makes extra latent tokens with their own coordinates and "
+                    "timesteps, which meshdit's token grid (PipeFusion's patches, the decode) does not hold yet")
+                | {"denoise_strength": "video-to-video from given latents: meshdit takes no --latents",
+                   "image_cond_noise_scale": "meshdit runs LTXConditionPipeline's default, 0.15 (the LTX family's "
+                                             "other pipelines have no such argument)"},
                 tiny_module="meshdit.models.tiny.ltx"),
     # CogVideoX 1.0 text-to-video (2B: sin-cos positional table, which covers exactly max_text_seq_length = 226
     # text tokens; 5B: 3-D rotary embeddings, any text length). Text joins the video tokens in every attention. The pipeline defaults
     # size and frames from the transformer config (sample_height/width x 8, sample_frames: 480 x 720, 49 in 1.0);
     # fps is its examples' export_to_video fps.
-    ModelFamily("cogvideox", "CogVideoXTransformer3DModel", ("CogVideoXPipeline",), "meshdit.models.cogvideox",
+    # Image-to-video: the image's latents join the noise on channels (in_channels doubled); CogVideoX-5B I2V's
+    # learned positional embeddings fix the size and, like the sin-cos table, the text length.
+    ModelFamily("cogvideox", "CogVideoXTransformer3DModel", ("CogVideoXPipeline", "CogVideoXImageToVideoPipeline"),
+                "meshdit.models.cogvideox",
                 packed=False, default_steps=50, default_guidance=6.0, default_max_sequence_length=226,
-                tensor_parallel=True, max_sequence_length_fixed=("use_rotary_positional_embeddings", False),
+                tensor_parallel=True, max_sequence_length_fixed=(("use_rotary_positional_embeddings", False),
+                                                                 ("use_learned_positional_embeddings", True)),
                 fixed_text_length_key="max_text_seq_length", noise_drawing_schedulers=("CogVideoXDPMScheduler",),
-                default_pixel_size=(480, 720),
+                default_pixel_size=(480, 720), fixed_size_key="use_learned_positional_embeddings",
                 default_num_frames=49, default_fps=8, vae_temporal_factor_key="temporal_compression_ratio",
+                image_to_video_pipelines=("CogVideoXImageToVideoPipeline",),
                 refused_transformer_config={
                     "patch_size_t": "CogVideoX 1.5's temporal patch: the pipeline pads the latent frames to it, "
-                                    "and PipeFusion's patches of token rows would cut through latent frames",
-                    "use_learned_positional_embeddings": "learned positional embeddings, which fix the size "
-                                                         "(CogVideoX-5B image-to-video)"},
+                                    "and PipeFusion's patches of token rows would cut through latent frames"},
                 tiny_module="meshdit.models.tiny.cogvideox"),
     # HunyuanVideo text-to-video: guidance-distilled (the scale is embedded); the prompt (Llama, padded to
     # max_sequence_length) joins the video tokens in every attention. Defaults: HunyuanVideoPipeline.__call__'s,

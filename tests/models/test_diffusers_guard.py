@@ -51,6 +51,9 @@ def test_every_degree_one_gives_the_diffusers_pipeline_image_bit_for_bit(name):
 
 # Entries of a _cp_plan that meshdit leaves whole, and why: each family's tiny module's CP_PLAN_NOT_SPLIT.
 NOT_SPLIT = {family.name: getattr(module, "CP_PLAN_NOT_SPLIT", {}) for family, module in tiny_families()}
+# Splits of meshdit's plan that a _cp_plan lacks, and why: each tiny module's PLAN_NOT_IN_CP_PLAN (LTX's per-token
+# timestep of image-to-video).
+NOT_IN_CP_PLAN = {family.name: getattr(module, "PLAN_NOT_IN_CP_PLAN", {}) for family, module in tiny_families()}
 
 
 def _diffusers_cp_plan(family):
@@ -80,7 +83,8 @@ def test_sequence_plan_names_the_inputs_and_outputs_of_the_diffusers_cp_plan(fam
                     continue
                 key = (module, OUTPUT) if spec.split_output else (module, arg)
                 their_splits[key] = spec.split_dim - spec.expected_dims
-    our_splits = {(s.module, s.arg): s.dim for s in ours.splits}
+    our_splits = {(s.module, s.arg): s.dim for s in ours.splits
+                  if (s.module, s.arg) not in NOT_IN_CP_PLAN.get(family.name, {})}
     our_gathers = {g.module: g.dim for g in ours.gathers}
     assert our_splits == their_splits
     assert our_gathers == their_gathers
@@ -118,3 +122,25 @@ def test_tensor_plan_splits_what_the_diffusers_tp_plan_names(family):
     assert theirs, "diffusers resolved no module"
     missing = sorted(p for p in theirs if ours.get(p) != theirs[p])
     assert not missing, f"meshdit does not split these as diffusers' _tp_plan does: {missing}"
+
+
+def test_cogvideox_image_to_video_of_several_videos_is_the_pipeline_given_the_image_per_video():
+    """CogVideoXImageToVideoPipeline takes one image per video (it encodes each, sampling its latent distribution in
+    turn); meshdit's one --image for two prompts equals the pipeline given that image twice, bit for bit."""
+    from meshdit.testing.tiny_models import sample_image
+
+    pipe = tiny_pipeline("cogvideox-i2v-ofs")
+    pipe.set_progress_bar_config(disable=True)
+    image, prompts = sample_image(GUARD_SIZE["height"], GUARD_SIZE["width"]), ["a red cat", "a blue dog"]
+    with torch.inference_mode():
+        expected = pipe(image=[image, image], prompt=prompts, guidance_scale=6.0, num_frames=5, **GUARD_SIZE,
+                        max_sequence_length=GUARD_TEXT, generator=torch.Generator("cpu").manual_seed(3),
+                        output_type="np").frames
+    engine = Engine(pipe)
+    try:
+        videos = engine.generate(GenerateRequest(prompt=prompts, **GUARD_SIZE, seed=3, guidance_scale=6.0, num_frames=5,
+                                                 image=image, extra={"max_sequence_length": GUARD_TEXT})).images
+    finally:
+        engine.close()
+    assert videos.shape == expected.shape and not np.array_equal(videos[0], videos[1])
+    assert np.array_equal(videos, expected)

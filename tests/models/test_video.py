@@ -68,7 +68,29 @@ def test_family_equals_one_process_under_every_layout(run_ranks, tiny, layout):
           reference(name, prompts), name)
 
 
+I2V_LAYOUTS = ("u2", "r2", "r2u2", "cfg2", "dp2", "pf2")
+"""The layouts each image-to-video build of a family (TinyTests.image_to_video) runs: its per-token or channel
+condition split with the tokens, cut with the batch, under CFG and PipeFusion (the CFG x Ulysses and 3-patch
+cases add nothing an I2V condition could break that these do not)."""
+I2V_CASES = [(pair, layout) for _, module in tiny_families(video=True) for pair in module.TESTS.image_to_video
+             for layout in I2V_LAYOUTS]
+
+
+@pytest.mark.parametrize("pair,layout", I2V_CASES, ids=[f"{pair[0]}-{layout}" for pair, layout in I2V_CASES])
+def test_family_image_to_video_equals_one_process(run_ranks, pair, layout):
+    """LTX: the image's latents on the first latent frame, whose per-token timestep 0 is split with the tokens
+    (PipeFusion: cut to the patch). CogVideoX: the image latents concatenated on channels, sharded with the
+    video tokens."""
+    degrees = FAMILY_LAYOUTS[layout]
+    pipefusion = "pipefusion_parallel_degree" in degrees
+    name = pair[1] if pipefusion else pair[0]
+    prompts = DP_PROMPTS if "data_parallel_degree" in degrees else None
+    check(run_ranks(world(degrees), video_jobs.generate, name, degrees, prompts, fresh=pipefusion),
+          reference(name, prompts), name)
+
+
 VAE_FAMILIES = [module.TESTS.main for _, module in tiny_families(video=True) if module.TESTS.layouts != ()]
+VAE_FAMILIES += [main for _, module in tiny_families(video=True) for main, _ in module.TESTS.image_to_video]
 
 
 @pytest.mark.parametrize("family", VAE_FAMILIES)
@@ -84,12 +106,14 @@ def test_family_parallel_vae_decode_equals_one_process(run_ranks, family):
 @pytest.mark.parametrize("name,layout", [("cogvideox-dpm", "cfg2"), ("cogvideox-dpm", "r2u2"),
                                          ("cogvideox-dpm", "pf2"), ("cogvideox-sincos", "u2"),
                                          ("cogvideox-sincos", "r2"), ("cogvideox-sincos16", "u2"),
-                                         ("cogvideox-sincos16", "r2"), ("cogvideox-sincos16", "pf2")])
+                                         ("cogvideox-sincos16", "r2"), ("cogvideox-sincos16", "pf2"),
+                                         ("cogvideox-i2v-ofs", "cfg2")])
 def test_cogvideox_variants_equal_one_process(run_ranks, name, layout):
     """The 5B's DPM scheduler (3 steps: its second-order update runs from step 2; it draws noise in every step
     from the request's generator, which every rank holds alike; data parallelism is refused, see
     tests/test_bad_input.py) and the 2B's sin-cos positional table (added before the split), over the released 226 text
-    tokens and diffusers' test config's 16 (the fixed length read from max_text_seq_length)."""
+    tokens and diffusers' test config's 16 (the fixed length read from max_text_seq_length); image-to-video's ofs
+    embedding (one row for the batch, whichever branches a rank runs)."""
     degrees = dict(FAMILY_LAYOUTS[layout])
     steps = 3 if name.startswith("cogvideox-dpm") else 2
     if "pipefusion_parallel_degree" in degrees:
@@ -163,3 +187,39 @@ def test_generate_command_writes_a_playable_mp4(tmp_path):
     assert frames.shape == (video_jobs.FRAMES, video_jobs.HEIGHT, video_jobs.WIDTH, 3)
     assert iio.immeta(clip)["fps"] == 8
     assert not [p.name for p in tmp_path.iterdir() if ".partial" in p.name]  # the temp file was renamed
+
+
+def test_ltx_condition_steps_a_pipefusion_patch_as_its_part_of_the_whole():
+    """LTXConditionPipeline steps per token (per-token timesteps; the conditioning tokens kept, then re-noised for
+    the next step): a PipeFusion patch finds its tokens through the scheduler's token index, which the per-patch
+    scheduler copies cut to their patch. Stepping each patch (one cutting the conditioning frame's rows) equals
+    its part of the whole step, bit for bit."""
+    import torch
+
+    from meshdit.denoising.pipefusion_loop import _patch_scheduler
+    from meshdit.engine import Engine
+    from meshdit.testing.tiny_models import tiny_pipeline
+
+    pipe = tiny_pipeline("ltx-condition")
+    pipe.set_progress_bar_config(disable=True)
+    engine = Engine(pipe)
+    try:
+        recipe = engine.recipe
+        state = recipe.prepare(video_jobs.request("ltx-condition", pipe), torch.Generator().manual_seed(3),
+                               torch.device("cpu"))
+        t, latents, main = state.timesteps[0], state.latents, pipe.scheduler
+        pred = torch.randn(latents.shape, generator=torch.Generator().manual_seed(0))
+        whole = recipe.step(state, pred, t, latents.clone())
+        assert not torch.equal(whole[:, :15], latents[:, :15])  # the image's 3 x 5 tokens, re-noised
+        for row0, row1 in [(0, 2), (2, 9)]:  # 9 token rows of 5 tokens; the image's frame: rows 0-2
+            def view(x, row0=row0, row1=row1):
+                return recipe.patch_view(state, x, row0, row1)
+
+            pipe.scheduler = _patch_scheduler(main, view, latents.shape)
+            try:
+                part = recipe.step(state, view(pred), t, view(latents).clone())
+            finally:
+                pipe.scheduler = main
+            assert torch.equal(part, view(whole)), (row0, row1)
+    finally:
+        engine.close()

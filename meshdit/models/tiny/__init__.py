@@ -33,6 +33,9 @@ class TinyTests:
     edit: str | None = None
     """The family's tiny image-edit pipeline (a name in BUILDERS; its row's image_edit_pipelines), where it has one:
     the --image CLI test and serve's /v1/images/edits test run it."""
+    image_to_video: tuple[tuple[str, str], ...] = ()
+    """Video families: (build, its four-block build) of each image-to-video pipeline (names in BUILDERS), run
+    through tests/models/test_video.py's I2V_LAYOUTS and the parallel VAE besides `main` (LTX, CogVideoX)."""
     layouts: tuple[str, ...] | None = None
     """Ids of the family test's layouts that apply (image: tests/test_cfg_data_parallel.CASES; video:
     tests/test_video.FAMILY_LAYOUTS); None: every one; (): none there (a test file of its own covers them)."""
