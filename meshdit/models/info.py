@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from ..config import GenerateRequest, ParallelConfig, RequestDefaults
 from ..config_files import read_json
 from ..errors import ConfigError
+from ..input_image import open_image
 from .registry import ModelFamily, family_for_pipeline, tensor_parallel_families
 
 
@@ -181,9 +182,8 @@ class ModelInfo:
             for flag, value in (("--num-frames", request.num_frames), ("--fps", request.fps)):
                 if value is not None:
                     raise ConfigError(f"{flag} is for video models, but this {what} makes images: drop {flag}.")
-            self._check_image(request, takes=what in self.family.image_edit_pipelines,
-                              needs=what not in self.family.image_optional_pipelines,
-                              need="edits an image: pass the image to edit", refusal="makes images from text alone")
+            self._check_image(request, need="edits an image: pass the image to edit",
+                              refusal="makes images from text alone")
             return
         refused = [(self.pipeline_config, key, why) for key, why in self.family.refused_pipeline_config.items()]
         refused += [(self.transformer_config, key, why) for key, why in self.family.refused_transformer_config.items()]
@@ -205,19 +205,32 @@ class ModelInfo:
             raise ConfigError(f"--num-frames {frames} gives {latent} latent frames, which this model's temporal "
                               f"patch of {patch} frames cannot cut: use --num-frames {(low - 1) * factor + 1} or "
                               f"{(low + patch - 1) * factor + 1}.")
-        self._check_image(request, takes=what in self.family.image_to_video_pipelines, needs=True,
-                          need="animates an image: pass its first frame", refusal="makes videos from text alone")
+        self._check_image(request, need="animates an image: pass its first frame",
+                          refusal="makes videos from text alone")
 
-    def _check_image(self, request: GenerateRequest, takes: bool, needs: bool, need: str, refusal: str) -> None:
-        """--image against the pipeline: one it needs must be given, one it cannot take is refused."""
+    @property
+    def takes_image(self) -> bool:
+        """The pipeline takes an input image (image-to-video, image edit)."""
+        family = self.family
+        return self.pipeline_class in (family.image_to_video_pipelines if family.is_video
+                                       else family.image_edit_pipelines)
+
+    @property
+    def needs_image(self) -> bool:
+        """The pipeline cannot run without one (FLUX.1 Kontext can: image_optional_pipelines)."""
+        return self.takes_image and self.pipeline_class not in self.family.image_optional_pipelines
+
+    def _check_image(self, request: GenerateRequest, need: str, refusal: str) -> None:
+        """--image against the pipeline: one it needs must be given, one it cannot take is refused, and the file
+        must open as an image of a sane size (input_image.open_image)."""
         what = self.pipeline_class
-        if takes and needs and request.image is None:
+        if self.needs_image and request.image is None:
             raise ConfigError(f"this {what} {need} with --image PATH.")
-        if not takes and request.image is not None:
+        if not self.takes_image and request.image is not None:
             raise ConfigError(f"this {what} {refusal} and takes no image: drop --image "
                               "(or use the family's image-input model).")
-        if isinstance(request.image, str) and not os.path.isfile(request.image):  # (the API may pass a PIL image)
-            raise ConfigError(f"--image {request.image!r}: no such file; pass the path of an image file.")
+        if request.image is not None:  # a path, or a PIL image the API passes
+            open_image(request.image, "--image")
 
     def runs_cfg(self, guidance_scale: float | None) -> bool:
         """Whether a generation runs two guidance branches (cond and uncond) per step."""
