@@ -22,7 +22,7 @@ GENERATE_ONLY = {
     "output": "generate writes files; serve answers with PNGs",
     "num_frames": "video models only, and serve answers image requests",
     "fps": "video models only, and serve answers image requests",
-    "image": "image-to-video models only, and serve answers image requests",
+    "image": "per request: the request's `image` (base64 in JSON, or a multipart/form-data upload)",
     "lora": "per request: the request's `loras`, among the adapters of --lora-dir",
 }
 LOOPBACK_NAMES = ("localhost",)

@@ -60,6 +60,15 @@ def test_every_generate_flag_is_a_serve_flag_unless_per_request():
         assert (g.option_strings, g.choices, g.default, g.help) == (s.option_strings, s.choices, s.default, s.help)
 
 
+def test_per_request_flags_name_fields_of_the_request_body():
+    """A generate flag serve leaves to each request (`--image` among them) names the body field that carries it."""
+    from meshdit.serve.schemas import ImageRequest
+
+    fields = {why.split("`")[1] for why in GENERATE_ONLY.values() if why.startswith("per request: the request's `")}
+    assert {"prompt", "image", "seed", "n", "loras"} <= fields
+    assert fields <= set(ImageRequest.model_fields)
+
+
 def test_every_serve_flag_has_a_help_text_with_its_default():
     serve = build_parser()._subparsers._group_actions[0].choices["serve"]
     for action in serve._actions:
