@@ -42,7 +42,7 @@ def app_for(pipeline: str) -> tuple[ServerState, TestClient]:
 
 @pytest.fixture(scope="module")
 def edit_server():
-    return app_for("flux-kontext")
+    return app_for("kontext")
 
 
 def queued(state: ServerState, answer) -> GenerateRequest:
