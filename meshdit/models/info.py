@@ -126,9 +126,11 @@ class ModelInfo:
         return self.family.recipe_class()(pipe, self.request_defaults(), self.family.packed,
                                           self.family.pixel_multiple(self.transformer_config, self.vae_scale_factor))
 
-    def check_request(self, config: ParallelConfig, request: GenerateRequest, num_images: int | None = None) -> None:
+    def check_request(self, config: ParallelConfig, request: GenerateRequest, num_images: int | None = None,
+                      image_per_request: bool = False) -> None:
         """Everything about a request that can be checked before weights load; unset values take the defaults.
-        num_images: images of the whole batch the request runs in (default: the request's own)."""
+        num_images: images of the whole batch the request runs in (default: the request's own). image_per_request:
+        `request` is serve's defaults, and each HTTP request brings its own input image (checked then)."""
         request = request.with_defaults(self.request_defaults())
         request.validate()
         limit = self.family.max_sequence_length_limit
@@ -141,7 +143,7 @@ class ModelInfo:
             raise ConfigError(f"--max-sequence-length {tokens} exceeds what this {self.pipeline_class}'s text encoder "
                               f"takes ({limit} tokens): use --max-sequence-length <= {limit}.")
         self.check_call_arguments(request)
-        self.check_frames_and_image(request)
+        self.check_frames_and_image(request, image_per_request)
         self.check_cache(config, request)
         self.check(config, request.height, request.width, request.guidance_scale,
                    num_images or len(request.prompts) * request.num_images_per_prompt, request.patches(config),
@@ -175,14 +177,14 @@ class ModelInfo:
         if blocks is not None:
             request.cache.check_blocks(blocks)
 
-    def check_frames_and_image(self, request: GenerateRequest) -> None:
+    def check_frames_and_image(self, request: GenerateRequest, image_per_request: bool = False) -> None:
         """--num-frames, --fps and --image against what the pipeline makes (images, videos, from an image)."""
         what = self.pipeline_class
         if not self.is_video:
             for flag, value in (("--num-frames", request.num_frames), ("--fps", request.fps)):
                 if value is not None:
                     raise ConfigError(f"{flag} is for video models, but this {what} makes images: drop {flag}.")
-            self._check_image(request, need="edits an image: pass the image to edit",
+            self._check_image(request, image_per_request, need="edits an image: pass the image to edit",
                               refusal="makes images from text alone")
             return
         refused = [(self.pipeline_config, key, why) for key, why in self.family.refused_pipeline_config.items()]
@@ -205,7 +207,7 @@ class ModelInfo:
             raise ConfigError(f"--num-frames {frames} gives {latent} latent frames, which this model's temporal "
                               f"patch of {patch} frames cannot cut: use --num-frames {(low - 1) * factor + 1} or "
                               f"{(low + patch - 1) * factor + 1}.")
-        self._check_image(request, need="animates an image: pass its first frame",
+        self._check_image(request, image_per_request, need="animates an image: pass its first frame",
                           refusal="makes videos from text alone")
 
     @property
@@ -220,11 +222,11 @@ class ModelInfo:
         """The pipeline cannot run without one (FLUX.1 Kontext can: image_optional_pipelines)."""
         return self.takes_image and self.pipeline_class not in self.family.image_optional_pipelines
 
-    def _check_image(self, request: GenerateRequest, need: str, refusal: str) -> None:
+    def _check_image(self, request: GenerateRequest, image_per_request: bool, need: str, refusal: str) -> None:
         """--image against the pipeline: one it needs must be given, one it cannot take is refused, and the file
         must open as an image of a sane size (input_image.open_image)."""
         what = self.pipeline_class
-        if self.needs_image and request.image is None:
+        if self.needs_image and request.image is None and not image_per_request:
             raise ConfigError(f"this {what} {need} with --image PATH.")
         if not self.takes_image and request.image is not None:
             raise ConfigError(f"this {what} {refusal} and takes no image: drop --image "
