@@ -4,19 +4,25 @@ from __future__ import annotations
 
 from . import GUARD_PROMPT, GUARD_SIZE, GUARD_TEXT, GuardCase, TinyTests
 from .flux import tiny_flux_pipeline
-from .parts import sample_image
+from .parts import sample_image, tiny_vae
 
 
-def tiny_kontext_pipeline(seed: int = 0, **flux):
+def tiny_kontext_pipeline(seed: int = 0, vae_levels: int = 2, **flux):
+    """vae_levels: the VAE downsamples by 2 ** (vae_levels - 1) (5: 16, so a reference at Kontext's ~1 MP training
+    resolutions is about 1000 tokens)."""
     from diffusers import FluxKontextPipeline
 
-    return FluxKontextPipeline(**tiny_flux_pipeline(seed, **flux).components)
+    components = tiny_flux_pipeline(seed, **flux).components
+    if vae_levels != 2:
+        components["vae"] = tiny_vae(block_out_channels=(8,) * vae_levels)
+    return FluxKontextPipeline(**components)
 
 
 BUILDERS = {
     "kontext": tiny_kontext_pipeline,
     "kontext-4blocks": lambda seed=0: tiny_kontext_pipeline(seed, double=2, single=2),
     "kontext-distilled": lambda seed=0: tiny_kontext_pipeline(seed, guidance_embeds=True),
+    "kontext-vae16": lambda seed=0: tiny_kontext_pipeline(seed, vae_levels=5),
 }
 # The tests' reference image keeps its own size (Kontext's training resolutions are about 1 MP: 65536 tiny tokens).
 NATIVE_SIZE = {"_auto_resize": False}
@@ -32,6 +38,10 @@ GUARD_CASES = {
     "kontext-true-cfg": GuardCase("kontext", dict(
         image=_REFERENCE, prompt=GUARD_PROMPT, negative_prompt="", true_cfg_scale=3.0,
         max_sequence_length=GUARD_TEXT, max_area=_SIZE, _auto_resize=False), 3.0, NATIVE_SIZE),
+    # the pipeline's default: the reference resized to the training resolution nearest its aspect (56 / 40: 1184 x 880)
+    "kontext-auto-resize": GuardCase("kontext-vae16", dict(
+        image=_REFERENCE, prompt=GUARD_PROMPT, guidance_scale=3.5, max_sequence_length=GUARD_TEXT,
+        max_area=64 * 64), 1.0, size=dict(height=64, width=64)),
     "kontext-text-alone": GuardCase("kontext", dict(
         prompt=GUARD_PROMPT, max_sequence_length=GUARD_TEXT, max_area=_SIZE), 1.0),
 }
