@@ -114,7 +114,8 @@ class Engine:
         if mesh is None:
             logging.getLogger("meshdit").info("meshdit: running %s on %s", settings.model, device)
         # a pipeline that takes an input image encodes it with the VAE on every rank (each prepares its request)
-        vae_here = decodes_here(settings.vae, mesh.group("image") if mesh is not None else None) or infos[0].takes_image
+        group = mesh.group("image") if mesh is not None else None
+        vae_here = decodes_here(settings.vae, group) or infos[0].takes_image
         fp8 = settings.fp8 if settings.fp8 else None
         with _progress_bars(settings.verbose if show_progress is None else show_progress):
             pipe = load_pipeline(settings.model, device, settings.torch_dtype(), mesh, settings.loading,

@@ -12,8 +12,8 @@ DRAIN_GRACE_S = 5.0  # after a SIGTERM drain, how long a job that finished durin
 
 def add_limit_flags(serve) -> None:
     serve.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, metavar="BYTES",
-                       help="largest request body (an input image travels in it); a larger one gets 413 without being read "
-                            "(default: 16 MiB)")
+                       help="largest request body (an input image travels in it); a larger one gets 413 without "
+                            "being read (default: 16 MiB)")
     serve.add_argument("--result-store-mb", type=int, default=RESULT_STORE_MB, metavar="MIB",
                        help="memory for finished jobs' PNGs; beyond it the oldest expire (their content: 410) "
                             f"(default: {RESULT_STORE_MB})")
