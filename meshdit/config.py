@@ -207,7 +207,10 @@ class GenerateRequest:
         help="video models: frames per second of the saved video, >= 1 (default: the model family's, e.g. Wan 16)")
     image: object = flagged(  # a path; the Python API may pass a PIL image
         None, flag="image", metavar="PATH",
-        help="image-to-video models: the first frame to animate, an image file (default: none)")
+        help="an image file (PNG, JPEG, WebP) for the models that take one: image-to-video models animate it as "
+             "the first frame, image-edit models (FLUX.1 Kontext, Qwen-Image-Edit) edit it; sides up to 8192 "
+             "pixels and 4096 x 4096 pixels in all, resized by the pipeline (default: none; FLUX.1 Kontext then "
+             "draws from text alone)")
     cache: CacheSettings = field(default_factory=CacheSettings)
     """Step caching (`--cache` and its options: meshdit/cache/settings.py); off by default."""
     loras: tuple = flagged(

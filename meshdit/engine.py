@@ -111,14 +111,14 @@ class Engine:
 
         quiet_libraries(settings.verbose)
         settings.validate()  # the CLI's refusals, for API users too
-        found = []
-        agreed(lambda: found.append(ModelInfo.from_pretrained(settings.model)), mesh)  # before any weight is read
+        infos = []
+        agreed(lambda: infos.append(ModelInfo.from_pretrained(settings.model)), mesh)  # before any weight is read
         device = engine_device(mesh, device)
         if mesh is None:
             logging.getLogger("meshdit").info("meshdit: running %s on %s", settings.model, device)
-        # every rank prepares the request, so a pipeline that VAE-encodes its input image needs the VAE everywhere
-        vae_here = found[0].encodes_images or decodes_here(settings.vae, mesh.group("image") if mesh is not None
-                                                           else None)
+        # a pipeline that takes an input image encodes it with the VAE on every rank (each prepares its request)
+        group = mesh.group("image") if mesh is not None else None
+        vae_here = decodes_here(settings.vae, group) or infos[0].takes_image
         fp8 = settings.fp8 if settings.fp8 else None
         with _progress_bars(settings.verbose if show_progress is None else show_progress):
             pipe = load_pipeline(settings.model, device, settings.torch_dtype(), mesh, settings.loading,

@@ -10,11 +10,12 @@ from .config import GenerateRequest
 from .engine_settings import EngineSettings
 
 
-def check_before_launch(engine: EngineSettings, request: GenerateRequest,
-                        num_images: int | None = None) -> tuple["ModelInfo", GenerateRequest]:  # noqa: F821
+def check_before_launch(engine: EngineSettings, request: GenerateRequest, num_images: int | None = None,
+                        image_per_request: bool = False) -> tuple["ModelInfo", GenerateRequest]:  # noqa: F821
     """Raises ConfigError naming the flag and the fix. Returns the model's info and the request with every unset
     value from the model's defaults (ModelInfo.request_defaults: what Engine.generate fills for API users).
-    num_images: the images of the batch the request runs in (serve: its smallest allowed batch)."""
+    num_images: the images of the batch the request runs in (serve: its smallest allowed batch); image_per_request:
+    serve, whose requests bring their own input image."""
     from .distributed.launch import check_torchrun_world
     from .models.info import ModelInfo
     from .lora_files import check_adapter_file, check_pipeline_takes_lora
@@ -34,7 +35,7 @@ def check_before_launch(engine: EngineSettings, request: GenerateRequest,
     for _, path in engine.loras:
         check_adapter_file(path, engine.model)
     request = request.with_defaults(info.request_defaults())
-    info.check_request(config, request, num_images)
+    info.check_request(config, request, num_images, image_per_request)
     check_vae_of_model(engine.model, engine.vae, request.height, request.width)
     check_torchrun_world(config.world_size)
     return info, request

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from PIL import Image
 
 import meshdit.distributed.launch
 from meshdit.cli import main
@@ -102,6 +103,12 @@ BAD_INPUTS = {
     "image-to-video-other-text-length": (["--model", "{tmp}/wan-i2v", "--image", "{tmp}/earlier.png",
                                           "--max-sequence-length", "100", "--output", "{tmp}/x.mp4"],
                                          "takes exactly 512 text tokens"),
+    # an edit model's input image (meshdit/input_image.py): checked from the file before ranks start
+    "edit-image-not-an-image": (["--model", "{tmp}/kontext", "--image", "{tmp}/earlier.png"],
+                                "--image: not an image file PIL can read"),
+    "edit-image-missing": (["--model", "{tmp}/kontext", "--image", "{tmp}/nope.png"], "no such file"),
+    "edit-image-too-wide": (["--model", "{tmp}/kontext", "--image", "{tmp}/wide.png"],
+                            "--image: the image is 8193x1 pixels; each side must be 1..8192"),
     "video-per-token-timesteps": (["--model", "{tmp}/wan-ti2v", "--output", "{tmp}/x.mp4"],
                                   "sets expand_timesteps"),
     "video-patches-above-token-rows": (["--model", "{tmp}/wan", "--num-frames", "5", "--height", "32", "--width",
@@ -190,6 +197,7 @@ CONFIG_ONLY_MODELS = {
     "sd15": ("StableDiffusionPipeline", {"_class_name": "UNet2DConditionModel"}, _VAE),
     "no-transformer": ("FluxPipeline", None, _VAE),
     "tiny-vae": ("FluxPipeline", _FLUX_TRANSFORMER, {**_VAE, "_class_name": "AutoencoderTiny"}),
+    "kontext": ("FluxKontextPipeline", _FLUX_TRANSFORMER, _VAE),
     "wan": ("WanPipeline", _WAN_TRANSFORMER, _WAN_VAE),
     "wan-i2v": ("WanImageToVideoPipeline", {**_WAN_TRANSFORMER, "added_kv_proj_dim": 48}, _WAN_VAE),
     "wan-ti2v": ({"_class_name": "WanPipeline", "expand_timesteps": True}, _WAN_TRANSFORMER, _WAN_VAE),
@@ -225,6 +233,7 @@ def workdir(tmp_path):
     (tmp_path / "latin1.txt").write_bytes("un caf\u00e9 rouge\n".encode("latin-1"))
     (tmp_path / "earlier.png").write_bytes(b"an earlier output")
     (tmp_path / "folder.png").mkdir()
+    Image.new("RGB", (8193, 1)).save(tmp_path / "wide.png")  # a side above input_image.MAX_IMAGE_SIDE
     for name, index in (("bad-json", '{"_class_name": "FluxPipeline",'), ("no-class", '{"a": 1}')):
         (tmp_path / name).mkdir()
         (tmp_path / name / "model_index.json").write_text(index)

@@ -1,4 +1,6 @@
 """`meshdit generate` end to end: output files, aliases, torchrun, early errors, failing ranks, Ctrl-C."""
+import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -13,7 +15,8 @@ from meshdit.cli import build_parser, generate_settings, main
 from meshdit.config import GenerateRequest, ParallelConfig
 from meshdit.errors import ConfigError
 from meshdit.models.registry import FAMILIES
-from meshdit.testing.tiny_models import tiny_pipeline
+from meshdit.engine import Engine
+from meshdit.testing.tiny_models import sample_image, tiny_families, tiny_pipeline
 
 CLI = [sys.executable, "-m", "meshdit", "generate"]
 
@@ -59,6 +62,36 @@ def test_npy_outputs_same_under_torchrun_data_and_ring_parallel_as_serial(tiny_f
         assert a.shape == (32, 32, 3) and a.dtype == np.float32 and 0 <= a.min() and a.max() <= 1
         assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
     assert np.abs(np.load(serial.format(i=0)) - np.load(serial.format(i=1))).max() > 1e-3  # two prompts, two images
+
+
+EDIT_FAMILIES = [module.TESTS for _, module in tiny_families(video=False) if module.TESTS.edit]
+
+
+@pytest.mark.parametrize("tests", EDIT_FAMILIES, ids=lambda t: t.edit)
+def test_generate_image_on_two_ranks_equals_one_process(tests, tmp_path):
+    """`--image` on an edit model under Ulysses 2 (only rank 0 decodes, every rank encodes the image) equals the
+    in-process engine on the same request; the image changes the picture."""
+    pipe = tiny_pipeline(tests.edit)
+    pipe.save_pretrained(tmp_path / "model")
+    sample_image(40, 56).save(tmp_path / "input.png")
+    extra = [f"--extra={key}={json.dumps(value)}" for key, value in tests.request_extra.items()]
+    guidance = [] if tests.guidance is None else ["--guidance-scale", str(tests.guidance)]
+    common = ["--height", "32", "--width", "48", "--steps", "2", "--max-sequence-length", "8", *guidance, *extra,
+              "--seed", "3", "--prompt", "make the cat blue"]
+    proc, _ = run_cli(["--model", str(tmp_path / "model"), *common, "--image", str(tmp_path / "input.png"),
+                       "--ulysses-degree", "2", "--output", str(tmp_path / "out.npy")], timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    request = _cli_request(["--model", str(tmp_path / "model"), *common])
+    engine = Engine(pipe)
+    try:
+        alone = engine.generate(dataclasses.replace(request, image=str(tmp_path / "input.png"))).images[0]
+        text_only = engine.generate(request).images[0] if not engine.info.needs_image else None
+    finally:
+        engine.close()
+    out = np.load(tmp_path / "out.npy")
+    assert np.abs(out - alone).max() <= 1e-5 * np.abs(alone).max()
+    if text_only is not None:
+        assert np.abs(text_only - alone).max() > 1e-3
 
 
 def test_degrees_that_do_not_match_world_size_are_refused():

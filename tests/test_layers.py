@@ -25,7 +25,7 @@ PACKAGE = ROOT / "meshdit"
 # Bottom first. Entries are module paths inside meshdit ("" is meshdit/__init__.py, the API facade).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("errors", "lazy", "logs", "flag_spec", "memory", "output", "preflight", "prompt_vocabulary",
-                    "default_model", "phases")),
+                    "input_image", "default_model", "phases")),
     ("settings", ("config", "config_files", "lora_files", "flags", "models.registry", "models.info", "vae.settings",
                   "quant.settings", "loading.options", "engine_settings",
                   "request_cost", "cache.settings", "planner")),

@@ -74,7 +74,9 @@ def _patch_pipeline(recipe: Recipe, state: DenoiseState, pf, sequence_state, cfg
             if pf.is_first and i > 0 and pf.num_stages > 1:
                 pf.channel.recv_update(view, pf.num_stages - 1)
             preds = {}
-            with sequence_state.patch_window(row0 * cols, row1 * cols):
+            # the last patch's window runs to the image stream's end: tokens after the grid (FLUX.1 Kontext's
+            # reference image) are computed with it
+            with sequence_state.patch_window(row0 * cols, row1 * cols if row1 < rows else None):
                 for branch in local:
                     with pf.stale_kv.for_branch(branch):
                         preds.update(recipe.predict(state, latents, t, [branch]))

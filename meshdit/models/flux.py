@@ -49,9 +49,7 @@ class FluxRecipe(Recipe):
             n_embeds, n_pooled, n_ids = pipe.encode_prompt(
                 prompt=negative, prompt_2=None, device=device, num_images_per_prompt=n, max_sequence_length=max_len)
             branches[UNCOND] = dict(encoder_hidden_states=n_embeds, pooled_projections=n_pooled, txt_ids=n_ids)
-        latents, image_ids = pipe.prepare_latents(  # [B, S, 4C] packed, [S, 3]
-            len(prompts) * n, pipe.transformer.config.in_channels // 4, r.height, r.width, embeds.dtype, device,
-            generator)
+        latents, image_ids, extra = self.prepare_latents(r, len(prompts) * n, embeds.dtype, device, generator)
         cfg = pipe.scheduler.config
         mu = calculate_shift(latents.shape[1], cfg.get("base_image_seq_len", 256), cfg.get("max_image_seq_len", 4096),
                              cfg.get("base_shift", 0.5), cfg.get("max_shift", 1.15))
@@ -62,7 +60,14 @@ class FluxRecipe(Recipe):
         if distilled:
             guidance = torch.full([1], r.guidance_scale, device=device, dtype=torch.float32).expand(latents.shape[0])
         return DenoiseState(latents, timesteps, branches, r.guidance_scale, r.height, r.width,
-                            extra=dict(img_ids=image_ids, guidance=guidance))
+                            extra=dict(img_ids=image_ids, guidance=guidance, **extra))
+
+    def prepare_latents(self, r, batch, dtype, device, generator):
+        """The starting latents [B, S, 4C] (packed), the image tokens' ids [S, 3], and state extras (none here)."""
+        pipe = self.pipe
+        latents, image_ids = pipe.prepare_latents(
+            batch, pipe.transformer.config.in_channels // 4, r.height, r.width, dtype, device, generator)
+        return latents, image_ids, {}
 
     def model_inputs(self, state, latents, t, branch):
         return dict(hidden_states=latents, timestep=t.expand(latents.shape[0]).to(latents.dtype) / 1000,

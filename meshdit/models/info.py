@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from ..config import GenerateRequest, ParallelConfig, RequestDefaults
 from ..config_files import read_json
 from ..errors import ConfigError
+from ..input_image import open_image
 from .registry import ModelFamily, family_for_pipeline, tensor_parallel_families
 
 
@@ -36,11 +37,6 @@ class ModelInfo:
     @property
     def is_video(self) -> bool:
         return self.family.is_video
-
-    @property
-    def encodes_images(self) -> bool:
-        """The pipeline VAE-encodes an input image (image to video, edits) while each rank prepares a request."""
-        return self.pipeline_class in self.family.image_to_video_pipelines + self.family.image_edit_pipelines
 
     @property
     def num_heads(self) -> int:
@@ -132,9 +128,11 @@ class ModelInfo:
         return recipe(pipe, self.request_defaults(), self.family.packed,
                       self.family.pixel_multiple(self.transformer_config, self.vae_scale_factor))
 
-    def check_request(self, config: ParallelConfig, request: GenerateRequest, num_images: int | None = None) -> None:
+    def check_request(self, config: ParallelConfig, request: GenerateRequest, num_images: int | None = None,
+                      image_per_request: bool = False) -> None:
         """Everything about a request that can be checked before weights load; unset values take the defaults.
-        num_images: images of the whole batch the request runs in (default: the request's own)."""
+        num_images: images of the whole batch the request runs in (default: the request's own). image_per_request:
+        `request` is serve's defaults, and each HTTP request brings its own input image (checked then)."""
         request = request.with_defaults(self.request_defaults())
         request.validate()
         limit = self.family.max_sequence_length_limit
@@ -147,7 +145,7 @@ class ModelInfo:
             raise ConfigError(f"--max-sequence-length {tokens} exceeds what this {self.pipeline_class}'s text encoder "
                               f"takes ({limit} tokens): use --max-sequence-length <= {limit}.")
         self.check_call_arguments(request)
-        self.check_frames_and_image(request)
+        self.check_frames_and_image(request, image_per_request)
         self.check_cache(config, request)
         self.check(config, request.height, request.width, request.guidance_scale,
                    num_images or len(request.prompts) * request.num_images_per_prompt, request.patches(config),
@@ -184,16 +182,15 @@ class ModelInfo:
         if blocks is not None:
             request.cache.check_blocks(blocks)
 
-    def check_frames_and_image(self, request: GenerateRequest) -> None:
+    def check_frames_and_image(self, request: GenerateRequest, image_per_request: bool = False) -> None:
         """--num-frames, --fps and --image against what the pipeline makes (images, videos, from an image)."""
         what = self.pipeline_class
         if not self.is_video:
             for flag, value in (("--num-frames", request.num_frames), ("--fps", request.fps)):
                 if value is not None:
                     raise ConfigError(f"{flag} is for video models, but this {what} makes images: drop {flag}.")
-            self._check_image(request, takes=what in self.family.image_edit_pipelines,
-                              needs=what not in self.family.image_optional_pipelines,
-                              need="edits an image: pass the image to edit", refusal="makes images from text alone")
+            self._check_image(request, image_per_request, need="edits an image: pass the image to edit",
+                              refusal="makes images from text alone")
             return
         refused = [(self.pipeline_config, key, why) for key, why in self.family.refused_pipeline_config.items()]
         refused += [(self.transformer_config, key, why) for key, why in self.family.refused_transformer_config.items()]
@@ -217,19 +214,32 @@ class ModelInfo:
             raise ConfigError(f"--num-frames {frames} gives {latent} latent frames, which this model's temporal "
                               f"patch of {patch} frames cannot cut: use --num-frames {(low - 1) * factor + 1} or "
                               f"{(low + patch - 1) * factor + 1}.")
-        self._check_image(request, takes=what in self.family.image_to_video_pipelines, needs=True,
-                          need="animates an image: pass its first frame", refusal="makes videos from text alone")
+        self._check_image(request, image_per_request, need="animates an image: pass its first frame",
+                          refusal="makes videos from text alone")
 
-    def _check_image(self, request: GenerateRequest, takes: bool, needs: bool, need: str, refusal: str) -> None:
-        """--image against the pipeline: one it needs must be given, one it cannot take is refused."""
+    @property
+    def takes_image(self) -> bool:
+        """The pipeline takes an input image (image-to-video, image edit)."""
+        family = self.family
+        return self.pipeline_class in (family.image_to_video_pipelines if family.is_video
+                                       else family.image_edit_pipelines)
+
+    @property
+    def needs_image(self) -> bool:
+        """The pipeline cannot run without one (FLUX.1 Kontext can: image_optional_pipelines)."""
+        return self.takes_image and self.pipeline_class not in self.family.image_optional_pipelines
+
+    def _check_image(self, request: GenerateRequest, image_per_request: bool, need: str, refusal: str) -> None:
+        """--image against the pipeline: one it needs must be given, one it cannot take is refused, and the file
+        must open as an image of a sane size (input_image.open_image)."""
         what = self.pipeline_class
-        if takes and needs and request.image is None:
+        if self.needs_image and request.image is None and not image_per_request:
             raise ConfigError(f"this {what} {need} with --image PATH.")
-        if not takes and request.image is not None:
+        if not self.takes_image and request.image is not None:
             raise ConfigError(f"this {what} {refusal} and takes no image: drop --image "
                               "(or use the family's image-input model).")
-        if isinstance(request.image, str) and not os.path.isfile(request.image):  # (the API may pass a PIL image)
-            raise ConfigError(f"--image {request.image!r}: no such file; pass the path of an image file.")
+        if request.image is not None:  # a path, or a PIL image the API passes
+            open_image(request.image, "--image")
 
     def runs_cfg(self, guidance_scale: float | None) -> bool:
         """Whether a generation runs two guidance branches (cond and uncond) per step."""

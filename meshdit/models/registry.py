@@ -168,6 +168,16 @@ FAMILIES = (
                 default_steps=28, default_guidance=3.5, default_max_sequence_length=512,
                 max_sequence_length_limit=512, default_sample_size=128, guidance_distilled="guidance_embeds",
                 tensor_parallel=True, tiny_module="meshdit.models.tiny.flux"),
+    # FLUX.1 Kontext: FLUX.1's transformer (so its plan), a reference image's tokens after the noise tokens. A row of
+    # its own, not a pipeline of FLUX.1's, because the recipe differs and the parametrised tests run each row's
+    # main tiny pipeline under every layout. --image is optional (text alone works); `--extra _auto_resize=false`
+    # keeps the reference at its own size instead of Kontext's nearest training resolution.
+    ModelFamily("kontext", "FluxTransformer2DModel", ("FluxKontextPipeline",), "meshdit.models.kontext",
+                packed=True, default_steps=28, default_guidance=3.5, default_max_sequence_length=512,
+                max_sequence_length_limit=512, default_sample_size=128, guidance_distilled="guidance_embeds",
+                tensor_parallel=True, image_edit_pipelines=("FluxKontextPipeline",),
+                image_optional_pipelines=("FluxKontextPipeline",), call_arguments=("_auto_resize",),
+                tiny_module="meshdit.models.tiny.kontext"),
     ModelFamily("flux2", "Flux2Transformer2DModel", ("Flux2Pipeline",), "meshdit.models.flux2", packed=True,
                 default_steps=50, default_guidance=4.0, default_max_sequence_length=512, default_sample_size=128,
                 guidance_distilled=True, call_arguments=("prompt_embeds",),
@@ -273,7 +283,8 @@ def family_for_pipeline(pipeline_class: str) -> ModelFamily:
 
 
 def family_for_transformer(transformer_class: str) -> ModelFamily:
-    """The family whose plan covers this transformer (the loader cuts PipeFusion stages before any pipeline exists)."""
+    """The family whose plan covers this transformer (the loader cuts PipeFusion stages before any pipeline exists);
+    rows sharing a transformer share its plan (FLUX.1 Kontext's module takes FLUX.1's), so the first one serves."""
     for family in FAMILIES:
         if family.transformer_class == transformer_class:
             return family

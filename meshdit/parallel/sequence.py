@@ -68,8 +68,9 @@ class _SequenceState:
     PATCHED_STREAM = "img"
 
     @contextmanager
-    def patch_window(self, start: int, stop: int):
-        """PipeFusion: forwards inside compute the image tokens [start, stop) only."""
+    def patch_window(self, start: int, stop: int | None):
+        """PipeFusion: forwards inside compute the image tokens [start, stop) only (stop None: to the stream's end,
+        which `split` resolves)."""
         self.patch = (start, stop)
         try:
             yield
@@ -82,6 +83,9 @@ class _SequenceState:
         self.full_lens[stream] = x.shape[dim]
         if self.patch is not None and stream == self.PATCHED_STREAM:
             start, stop = self.patch
+            if stop is None:
+                stop = x.shape[dim]
+                self.patch = (start, stop)
             x = x.narrow(dim, start, stop - start)
         self.stream_lens[stream] = split_sizes(x.shape[dim], self.sp_size)
         return x.tensor_split(self.sp_size, dim=dim)[self.sp_rank]

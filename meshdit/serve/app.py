@@ -41,6 +41,56 @@ async def read_body(request: Request, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
+class BadForm(ValueError):
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+TEXT_FIELDS = {"prompt", "negative_prompt", "size", "model", "user", "response_format"}
+"""Form fields taken as text; the others are JSON (numbers, and `cache` / `loras` as JSON text)."""
+
+
+async def form_fields(headers, raw: bytes) -> dict:
+    """A multipart/form-data body -> the JSON body it stands for: the uploaded `image` (OpenAI's client names a
+    list of them `image[]`) base64-encoded, numbers and JSON fields parsed; the image model checks the rest."""
+    import base64
+
+    from starlette.formparsers import MultiPartException, MultiPartParser
+
+    try:
+        import python_multipart  # noqa: F401  (starlette's parser runs on it)
+    except ImportError:
+        raise BadForm("content-type", "this server cannot read multipart/form-data (install python-multipart: "
+                                      "pip install meshdit[serve]); send JSON with the image in base64") from None
+    async def stream():
+        yield raw
+
+    try:
+        form = await MultiPartParser(headers, stream(), max_files=2, max_fields=64).parse()
+    except MultiPartException as exc:
+        raise BadForm("body", f"the multipart/form-data body cannot be read: {exc.message}") from None
+    data = {}
+    for name, value in form.multi_items():
+        name = "image" if name == "image[]" else name
+        if name in data:
+            raise BadForm(name, f"{name}: sent twice; this server takes one" + (" image" if name == "image" else ""))
+        if name == "mask":
+            raise BadForm("mask", "mask: not supported; the model edits the whole image from the prompt")
+        if not isinstance(value, str):  # an uploaded file
+            if name != "image":
+                raise BadForm(name, f"{name}: a file where text was expected; only `image` is a file")
+            data[name] = base64.b64encode(await value.read()).decode("ascii")
+        elif name in TEXT_FIELDS or name == "image":
+            data[name] = value
+        else:
+            try:
+                data[name] = json.loads(value)
+            except ValueError:
+                data[name] = value  # the model's validation names the field
+    return data
+
+
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="meshdit", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -86,25 +136,40 @@ def create_app(state: ServerState) -> FastAPI:
         return {"object": "list", "data": [{"id": state.model_id, "object": "model", "created": 0,
                                             "owned_by": "meshdit"}, *adapters]}
 
-    async def submit(request: Request, pinned: bool = False) -> Job | JSONResponse:
+    async def submit(request: Request, pinned: bool = False, edit: bool = False) -> Job | JSONResponse:
+        """edit: /v1/images/edits, which needs a model that takes an image, and the image."""
         if state.draining:
             return error(503, "the server is shutting down and takes no new jobs")
-        if "application/json" not in request.headers.get("content-type", ""):
-            return error(415, "Content-Type must be application/json", "content-type")
+        if edit and not state.info.takes_image:
+            return error(400, f"this server's {state.info.pipeline_class} makes images from text alone and takes no "
+                              "image: /v1/images/edits needs an image-edit model (e.g. FLUX.1 Kontext); use "
+                              "/v1/images/generations", "image")
+        content_type = request.headers.get("content-type", "")
+        multipart = content_type.startswith("multipart/form-data")
+        if "application/json" not in content_type and not multipart:
+            return error(415, "Content-Type must be application/json or multipart/form-data", "content-type")
         raw = await read_body(request, state.settings.max_body_bytes)
         if raw is None:
             state.metrics.requests.labels("rejected_too_large").inc()
             return error(413, f"the body is larger than this server's limit of {state.settings.max_body_bytes} "
-                              "bytes (--max-body-bytes); an image request needs a few KB", "body",
+                              "bytes (--max-body-bytes); an image request needs a few KB, one with an input image "
+                              "about the image file's size", "body",
                          headers={"Connection": "close"})  # uvicorn then closes without reading the rest
         try:
-            data = json.loads(raw)
+            data = await form_fields(request.headers, raw) if multipart else json.loads(raw)
         except RecursionError:  # json's parser recurses per level: a deep body would otherwise answer 500
             state.metrics.requests.labels("rejected_invalid").inc()
             return error(400, "the body's JSON is nested too deeply (an image request is one flat object)", "body")
+        except BadForm as exc:
+            state.metrics.requests.labels("rejected_invalid").inc()
+            return error(400, str(exc), exc.param)
         except (ValueError, UnicodeDecodeError) as exc:
             state.metrics.requests.labels("rejected_invalid").inc()
             return error(400, f"the body is not valid JSON: {exc}", "body")
+        if edit and isinstance(data, dict) and data.get("image") is None:
+            state.metrics.requests.labels("rejected_invalid").inc()
+            return error(400, "image: /v1/images/edits needs the image to edit (a file upload, or base64 in JSON)",
+                         "image")
         try:
             body = ImageRequest.model_validate(data)
             job = state.make_job(body)
@@ -128,7 +193,17 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/images/generations")
     async def generations(request: Request):
-        job = await submit(request, pinned=True)
+        return await answer(request, edit=False)
+
+    @app.post("/v1/images/edits")
+    async def edits(request: Request):
+        """OpenAI's image edit: multipart (image, prompt, n, size, response_format b64_json) or JSON, for a model
+        that takes an input image."""
+        return await answer(request, edit=True)
+
+    async def answer(request: Request, edit: bool):
+        """The synchronous endpoints: the job's images once it is done."""
+        job = await submit(request, pinned=True, edit=edit)
         if isinstance(job, JSONResponse):
             return job
         try:

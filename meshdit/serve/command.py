@@ -22,7 +22,7 @@ GENERATE_ONLY = {
     "output": "generate writes files; serve answers with PNGs",
     "num_frames": "video models only, and serve answers image requests",
     "fps": "video models only, and serve answers image requests",
-    "image": "image-to-video models only, and serve answers image requests",
+    "image": "per request: the request's `image` (base64 in JSON, or a multipart/form-data upload)",
     "lora": "per request: the request's `loras`, among the adapters of --lora-dir",
 }
 LOOPBACK_NAMES = ("localhost",)
@@ -84,8 +84,8 @@ def serve_settings(args, check_port: bool = False):
 
         engine.loras = tuple(adapters_in_dir(args.lora_dir).items())  # checked with the model just below
     # The smallest batch a request may make: one image per data-parallel group.
-    info, request = check_before_launch(engine, request,
-                                        num_images=max(engine.config.data_parallel_degree, 1))
+    info, request = check_before_launch(engine, request, num_images=max(engine.config.data_parallel_degree, 1),
+                                        image_per_request=True)
     if info.is_video:
         raise ConfigError(f"meshdit serve answers image requests; this {info.pipeline_class} makes videos: "
                           "use `meshdit generate --output clip.mp4` for it.")

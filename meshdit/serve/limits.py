@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 
-MAX_BODY_BYTES = 1 << 20  # an image request is a few KB; a larger body is refused unread
+MAX_BODY_BYTES = 16 << 20  # a text request is a few KB, one with an input image a few MB; larger: refused unread
 RESULT_STORE_MB = 1024  # finished jobs' PNGs held on the output rank; the oldest expire first beyond it
 RESULT_TTL_S = 3600.0  # a finished job's PNGs expire this long after it ended
 DRAIN_GRACE_S = 5.0  # after a SIGTERM drain, how long a job that finished during it stays fetchable
@@ -12,7 +12,8 @@ DRAIN_GRACE_S = 5.0  # after a SIGTERM drain, how long a job that finished durin
 
 def add_limit_flags(serve) -> None:
     serve.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, metavar="BYTES",
-                       help="largest request body; a larger one gets 413 without being read (default: 1 MiB)")
+                       help="largest request body (an input image travels in it); a larger one gets 413 without "
+                            "being read (default: 16 MiB)")
     serve.add_argument("--result-store-mb", type=int, default=RESULT_STORE_MB, metavar="MIB",
                        help="memory for finished jobs' PNGs; beyond it the oldest expire (their content: 410) "
                             f"(default: {RESULT_STORE_MB})")

@@ -33,7 +33,7 @@ class LoraChoice(BaseModel):
 
 
 class ImageRequest(BaseModel):
-    """POST /v1/images/generations and /v1/images/jobs."""
+    """POST /v1/images/generations, /v1/images/edits and /v1/images/jobs (JSON, or multipart/form-data)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -50,6 +50,8 @@ class ImageRequest(BaseModel):
     negative_prompt: StrictStr | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
     cache: CacheBody | None = None  # step caching (docs/caching.md); none: every block at every step
     loras: list[LoraChoice] = Field(default_factory=list, max_length=16)  # adapters of --lora-dir, by name
+    # the input image of an edit model: base64 (or a data: URL); a multipart upload arrives here base64-encoded
+    image: StrictStr | None = None
 
     def dimensions(self, default: tuple[int, int]) -> tuple[int, int]:
         """(height, width)."""

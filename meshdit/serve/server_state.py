@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import copy
 import dataclasses
+import hashlib
 import io
 import threading
 import time
@@ -14,6 +15,7 @@ import numpy as np
 from ..config import GenerateRequest, ParallelConfig
 from ..engine_settings import EngineSettings
 from ..errors import ConfigError
+from ..input_image import open_image
 from .jobs import Job, JobQueue
 from .limits import DRAIN_GRACE_S, MAX_BODY_BYTES, RESULT_STORE_MB, RESULT_TTL_S
 from .metrics import Metrics
@@ -139,10 +141,11 @@ class ServerState:
                                                 "(no classifier-free guidance): remove it")
         steps = body.steps or defaults.num_inference_steps
         loras = self._loras(body)
+        image, image_digest = self._image(body)
         request = dataclasses.replace(defaults, prompt=body.prompt, negative_prompt=body.negative_prompt,
                                       height=height, width=width, num_inference_steps=steps, guidance_scale=scale,
                                       seed=body.seed, num_images_per_prompt=body.n, extra=dict(defaults.extra),
-                                      cache=self._cache_settings(body, defaults.cache), loras=loras)
+                                      cache=self._cache_settings(body, defaults.cache), loras=loras, image=image)
         cache = request.cache
         try:
             self.info.check_cache(s.config, request)
@@ -156,11 +159,34 @@ class ServerState:
         self._check_prompt_length("prompt", body.prompt)
         if body.negative_prompt:
             self._check_prompt_length("negative_prompt", body.negative_prompt)
-        # other caches or adapters: other batches
-        key = (height, width, steps, scale, body.negative_prompt is None, cache, loras)
+        # other caches, adapters or input images: other batches (one batch shares the image's token ids)
+        key = (height, width, steps, scale, body.negative_prompt is None, cache, loras, image_digest)
         if self.info.draws_noise_each_step:  # each request keeps its own generator: it never shares a batch
             key += (id(request),)
         return Job(request, key, body.n, steps)
+
+    def _image(self, body: ImageRequest):
+        """(the request's input image as an RGB PIL image, the SHA-256 of its file) or (None, None); a model that
+        takes none, one it needs missing, or a file that is no image or too large: a 400 naming `image`."""
+        what = self.info.pipeline_class
+        if body.image is None:
+            if self.info.needs_image:
+                raise BadRequest("image", f"image: this {what} edits an image: send the image to edit")
+            return None, None
+        if not self.info.takes_image:
+            raise BadRequest("image", f"image: this {what} makes images from text alone and takes no image: "
+                                      "drop `image` (or serve an image-edit model such as FLUX.1 Kontext)")
+        text = body.image.split(",", 1)[1] if body.image.startswith("data:") else body.image  # a data: URL
+        try:
+            data = base64.b64decode(text, validate=True)
+        except ValueError:
+            raise BadRequest("image", "image: not base64; send the image file base64-encoded (or upload it as "
+                                      "multipart/form-data)") from None
+        try:
+            image = open_image(data, "image")
+        except ConfigError as exc:
+            raise BadRequest("image", str(exc)) from None
+        return image, hashlib.sha256(data).hexdigest()
 
     @staticmethod
     def _cache_settings(body: ImageRequest, default):

@@ -60,6 +60,34 @@ def test_every_generate_flag_is_a_serve_flag_unless_per_request():
         assert (g.option_strings, g.choices, g.default, g.help) == (s.option_strings, s.choices, s.default, s.help)
 
 
+def test_per_request_flags_name_fields_of_the_request_body():
+    """A generate flag serve leaves to each request (`--image` among them) names the body field that carries it."""
+    from meshdit.serve.schemas import ImageRequest
+
+    fields = {why.split("`")[1] for why in GENERATE_ONLY.values() if why.startswith("per request: the request's `")}
+    assert {"prompt", "image", "seed", "n", "loras"} <= fields
+    assert fields <= set(ImageRequest.model_fields)
+
+
+def test_a_model_that_needs_an_image_is_not_refused_for_the_defaults_having_none(tmp_path, capsys):
+    """serve's request defaults carry no image (each request brings its own): an image-to-video model gets serve's
+    own refusal (it makes videos), not generate's "pass --image"."""
+    import json
+
+    for part, config in (("", {"_class_name": "WanImageToVideoPipeline"}),
+                         ("transformer", {"_class_name": "WanTransformer3DModel", "num_attention_heads": 4,
+                                          "num_layers": 2, "patch_size": [1, 2, 2], "added_kv_proj_dim": 48}),
+                         ("vae", {"_class_name": "AutoencoderKLWan", "scale_factor_spatial": 8,
+                                  "scale_factor_temporal": 4})):
+        (tmp_path / part).mkdir(exist_ok=True)
+        (tmp_path / part / ("config.json" if part else "model_index.json")).write_text(json.dumps(config))
+    assert main(["generate", "--model", str(tmp_path), "--output", str(tmp_path / "x.mp4")]) == 2
+    assert "animates an image: pass its first frame with --image PATH" in capsys.readouterr().err
+    assert main(["serve", "--model", str(tmp_path)]) == 2
+    assert "meshdit serve answers image requests; this WanImageToVideoPipeline makes videos" in \
+        capsys.readouterr().err
+
+
 def test_every_serve_flag_has_a_help_text_with_its_default():
     serve = build_parser()._subparsers._group_actions[0].choices["serve"]
     for action in serve._actions:
