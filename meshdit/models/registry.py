@@ -155,6 +155,11 @@ FAMILIES = (
                 default_steps=50, default_guidance=4.0, default_max_sequence_length=512, default_sample_size=128,
                 guidance_distilled=True, call_arguments=("prompt_embeds",),
                 tensor_parallel=True, tiny_module="meshdit.models.tiny.flux2"),
+    # Chroma: FLUX.1's blocks, modulated from the timestep alone (no guidance embedding), true CFG with a negative
+    # prompt; the T5 prompt's padding is masked in the joint attention (models/chroma.py). Defaults: __call__'s.
+    ModelFamily("chroma", "ChromaTransformer2DModel", ("ChromaPipeline",), "meshdit.models.chroma", packed=True,
+                default_steps=35, default_guidance=5.0, default_max_sequence_length=512,
+                max_sequence_length_limit=512, default_sample_size=128, tiny_module="meshdit.models.tiny.chroma"),
     ModelFamily("sd3", "SD3Transformer2DModel", ("StableDiffusion3Pipeline",), "meshdit.models.sd3", packed=False,
                 default_steps=28, default_guidance=7.0, default_max_sequence_length=256,
                 max_sequence_length_limit=512,
