@@ -29,6 +29,9 @@ class Split:
     """A per-token table the model broadcasts (rotary embeddings): of size 1 on `dim`, its one row serves every
     token, so each rank and PipeFusion patch keeps it whole (HunyuanDiT's rotary grid of 1 x 1). A stream's own
     tokens are never a table: one text token is still split, as the stream it is."""
+    expected_dims: int | None = None
+    """Split only a tensor of this many dims and pass any other whole (diffusers' ContextParallelInput.expected_dims):
+    Wan's timestep is [B, S], one per token, under Wan 2.2 TI2V's expand_timesteps, and [B] (no tokens) otherwise."""
 
 
 @dataclass(frozen=True)

@@ -291,6 +291,8 @@ def apply_sequence_parallel(transformers: torch.nn.Module | list[torch.nn.Module
 
 
 def _split(state: _SequenceState, x: torch.Tensor, split: Split) -> torch.Tensor:
+    if split.expected_dims is not None and x.dim() != split.expected_dims:  # no tokens in this form
+        return x
     return state.split(x, split.dim, split.stream, split.table)
 
 
