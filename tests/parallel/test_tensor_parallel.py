@@ -88,10 +88,10 @@ def test_all_reduce_bytes_equal_the_formula(run_ranks, layout):
         assert abs(result[2] - formula) <= 0.1 * formula, (rank, result[2], formula)
 
 
-@pytest.mark.parametrize("name", ["cogvideox", "wan", "wan-i2v"])
+@pytest.mark.parametrize("name", ["cogvideox", "wan", "wan-i2v", "wan22-ti2v", "wan22-ti2v-i2v"])
 def test_tp2_video_equals_serial(run_ranks, name):
-    """CogVideoX (its TensorPlan, modulation gathered), Wan t2v and i2v (Q/K norms across heads, all-reduced) at
-    9 frames of 3 x 5 tokens."""
+    """CogVideoX (its TensorPlan, modulation gathered), Wan t2v and i2v (Q/K norms across heads, all-reduced; Wan
+    2.2 TI2V's per-token modulation whole on every tp rank) at 9 frames of 3 x 5 tokens."""
     from tests.models import video_jobs
 
     ref = video_jobs.generate(name, {}, fresh=True)
