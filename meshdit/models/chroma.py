@@ -12,7 +12,8 @@ import numpy as np
 from diffusers.pipelines.chroma.pipeline_chroma import calculate_shift, retrieve_timesteps
 
 from ..denoising.recipe import COND, UNCOND, DenoiseState, Recipe
-from ..parallel.plan import BlockList, Gather, ModelPlan, SequencePlan, Split, StagePlan, TokenMask
+from ..parallel.plan import (COLUMN, ROW, BlockList, Gather, ModelPlan, Packed, SequencePlan, Split, StagePlan,
+                             TensorPlan, TokenMask)
 
 # As FLUX.1: text and image tokens both split, their ids with them, so the rotary table the model builds from
 # cat(txt_ids, img_ids) matches the local tokens; every attention sees [txt, img]. The mask input [B, L + S]
@@ -34,6 +35,19 @@ PLAN = ModelPlan(
         # a single block takes cat(text, image) and returns it
         BlockList("single_transformer_blocks", ("hidden_states",), "hidden_states"),
     )),
+    # tensor parallelism: FLUX.1's _tp_plan (diffusers gives Chroma none); the modulation comes from the
+    # approximator's table outside the blocks, so no block holds a modulation Linear
+    TensorPlan({
+        "transformer_blocks.*.attn.to_[qkv]": COLUMN,
+        "transformer_blocks.*.attn.add_[qkv]_proj": COLUMN,
+        "transformer_blocks.*.attn.to_out.0": ROW,
+        "transformer_blocks.*.attn.to_add_out": ROW,
+        "transformer_blocks.*.ff*.net.0.proj": COLUMN,
+        "transformer_blocks.*.ff*.net.2": ROW,
+        "single_transformer_blocks.*.attn.to_[qkv]": COLUMN,
+        "single_transformer_blocks.*.proj_mlp": COLUMN,
+        "single_transformer_blocks.*.proj_out": Packed(ROW, (1, 4)),  # reads cat(attention, MLP 4 x wider)
+    }),
 )
 
 

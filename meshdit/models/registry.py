@@ -159,7 +159,8 @@ FAMILIES = (
     # prompt; the T5 prompt's padding is masked in the joint attention (models/chroma.py). Defaults: __call__'s.
     ModelFamily("chroma", "ChromaTransformer2DModel", ("ChromaPipeline",), "meshdit.models.chroma", packed=True,
                 default_steps=35, default_guidance=5.0, default_max_sequence_length=512,
-                max_sequence_length_limit=512, default_sample_size=128, tiny_module="meshdit.models.tiny.chroma"),
+                max_sequence_length_limit=512, default_sample_size=128, tensor_parallel=True,
+                tiny_module="meshdit.models.tiny.chroma"),
     ModelFamily("sd3", "SD3Transformer2DModel", ("StableDiffusion3Pipeline",), "meshdit.models.sd3", packed=False,
                 default_steps=28, default_guidance=7.0, default_max_sequence_length=256,
                 max_sequence_length_limit=512,
