@@ -26,10 +26,12 @@ def test_ti2v_equals_one_process_under_every_layout(run_ranks, name, layout):
           reference(build), build)
 
 
-def test_ti2v_data_parallel_equals_one_process(run_ranks):
-    prompts = ["a red cat", "a blue dog", "two green circles"]  # 3 videos over 2 groups
-    check(run_ranks(2, video_jobs.generate, "wan22-ti2v", dict(data_parallel_degree=2), prompts),
-          reference("wan22-ti2v", prompts), "wan22-ti2v")
+@pytest.mark.parametrize("name", ["wan22-ti2v", "wan22-ti2v-i2v"])
+def test_ti2v_data_parallel_equals_one_process(run_ranks, name):
+    """3 videos over 2 groups: the image's latents are cut with the batch, the first-frame mask ([1, ...]) is not."""
+    prompts = ["a red cat", "a blue dog", "two green circles"]
+    check(run_ranks(2, video_jobs.generate, name, dict(data_parallel_degree=2), prompts),
+          reference(name, prompts), name)
 
 
 def test_image_to_video_gives_the_first_frame_tokens_timestep_zero():
