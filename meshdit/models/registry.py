@@ -182,6 +182,12 @@ FAMILIES = (
                 default_steps=50, default_guidance=4.0, default_max_sequence_length=512, default_sample_size=128,
                 guidance_distilled=True, call_arguments=("prompt_embeds",),
                 tensor_parallel=True, tiny_module="meshdit.models.tiny.flux2"),
+    # Chroma: FLUX.1's blocks, modulated from the timestep alone (no guidance embedding), true CFG with a negative
+    # prompt; the T5 prompt's padding is masked in the joint attention (models/chroma.py). Defaults: __call__'s.
+    ModelFamily("chroma", "ChromaTransformer2DModel", ("ChromaPipeline",), "meshdit.models.chroma", packed=True,
+                default_steps=35, default_guidance=5.0, default_max_sequence_length=512,
+                max_sequence_length_limit=512, default_sample_size=128, tensor_parallel=True,
+                tiny_module="meshdit.models.tiny.chroma"),
     ModelFamily("sd3", "SD3Transformer2DModel", ("StableDiffusion3Pipeline",), "meshdit.models.sd3", packed=False,
                 default_steps=28, default_guidance=7.0, default_max_sequence_length=256,
                 max_sequence_length_limit=512,
@@ -194,13 +200,13 @@ FAMILIES = (
                 packed=False, default_steps=50, default_guidance=5.0, default_max_sequence_length=256,
                 max_sequence_length_fixed=True,
                 tensor_parallel=True, tiny_module="meshdit.models.tiny.hunyuandit"),
-    # Wan 2.1 / 2.2 (a WanPipeline with transformer_2 and boundary_ratio: two experts). UMT5 text goes in through
-    # cross-attention only, so any text length works; defaults are WanPipeline.__call__'s and its examples' fps.
+    # Wan 2.1 / 2.2 (a WanPipeline with transformer_2 and boundary_ratio: two experts; Wan 2.2 TI2V-5B:
+    # expand_timesteps, a timestep per token, split with the tokens). UMT5 text goes in through cross-attention
+    # only, so any text length works; defaults are WanPipeline.__call__'s and its examples' fps.
     ModelFamily("wan", "WanTransformer3DModel", ("WanPipeline", "WanImageToVideoPipeline"), "meshdit.models.wan",
                 packed=False, default_steps=50, default_guidance=5.0, default_max_sequence_length=512,
                 tensor_parallel=True, max_sequence_length_fixed="added_kv_proj_dim", default_pixel_size=(480, 832),
                 default_num_frames=81, default_fps=16, image_to_video_pipelines=("WanImageToVideoPipeline",),
-                refused_pipeline_config={"expand_timesteps": "Wan 2.2 TI2V's per-token timesteps"},
                 tiny_module="meshdit.models.tiny.wan"),
     # LTX-Video text-to-video: T5 text through cross-attention (any length); the frame rate conditions the
     # rotary positions, so default_fps is __call__'s frame_rate; tokens are VAE pixels x patch_size wide.

@@ -6,6 +6,13 @@ frame mask and the VAE-encoded first frame followed by zeros, as WanImageToVideo
 
 Wan 2.2 A14B is a WanPipeline with two experts: `transformer` denoises while t >= boundary_ratio x
 num_train_timesteps, `transformer_2` after (diffusers' own switch); both carry the same parallel hooks.
+
+Wan 2.2 TI2V-5B (model_index.json's expand_timesteps; its VAE compresses 16 x 16 pixels into 48 channels) gives
+the model one timestep per token, [B, S]: the model turns it into per-token modulation [B, S, 6, D] for every
+block and the output norm, so the timestep is split with the video tokens (as diffusers' _cp_plan does) and each
+rank's modulation covers its own tokens. Image-to-video there has no condition channels: the first latent frame is
+the image's latents (the pipeline's first_frame_mask, 0 on that frame), at timestep 0, in the model's input and in
+the decoded latents.
 """
 from __future__ import annotations
 
@@ -18,12 +25,14 @@ from ..denoising.video import VideoRecipe
 
 # The model patchifies [B, C, F, h, w] and flattens the F' x H' x W' tokens itself, then runs its blocks:
 # the tokens are sharded where the first block takes them (as diffusers' _cp_plan does), the rotary table
-# (cos, sin), each [1, S, 1, D], where the rope module returns it. Text stays whole (cross-attention).
+# (cos, sin), each [1, S, 1, D], where the rope module returns it, and a per-token timestep [B, S] (TI2V) where the
+# model takes it ([B] otherwise: no tokens, left whole). Text stays whole (cross-attention).
 PLAN = ModelPlan(
     SequencePlan(
         splits=(
             Split("rope", OUTPUT, -3, "img"),
             Split("blocks.0", "hidden_states", -2, "img"),
+            Split("", "timestep", -1, "img", expected_dims=2),
         ),
         gathers=(Gather("proj_out", -2, "img"),),
         attention={
@@ -67,22 +76,27 @@ class WanRecipe(VideoRecipe):
         if cfg:
             branches[UNCOND] = dict(encoder_hidden_states=n_embeds.to(dtype), **image)
         pipe.scheduler.set_timesteps(r.num_inference_steps, device=device)
-        condition = None
+        condition = frame_mask = None
         if r.image is None:
             latents = pipe.prepare_latents(  # [B, C, F, h, w], fp32 as the pipeline keeps them
                 batch, transformer.config.in_channels, r.height, r.width, r.num_frames, torch.float32, device,
                 generator)
             pipe.scheduler.set_begin_index(0)  # WanPipeline does; WanImageToVideoPipeline finds the index by t
+            if pipe.config.get("expand_timesteps"):  # TI2V: every token at t (WanPipeline's all-ones mask)
+                frame_mask = torch.ones(latents.shape, dtype=torch.float32, device=device)
         else:
             pixels = pipe.video_processor.preprocess(_load(r.image), height=r.height, width=r.width).to(
                 device, dtype=torch.float32)  # [1, 3, H, W]
-            # latents [B, z, F, h, w]; condition [B, T + z, F, h, w]: the first frame's mask, then its latents
-            latents, condition = pipe.prepare_latents(pixels, batch, pipe.vae.config.z_dim, r.height, r.width,
-                                                      r.num_frames, torch.float32, device, generator)
+            # latents [B, z, F, h, w]; condition [B, T + z, F, h, w]: the first frame's mask, then its latents;
+            # TI2V: condition [B, z, 1, h, w], the image's latents, and frame_mask [1, 1, F, h, w], 0 on frame 0
+            latents, condition, *mask = pipe.prepare_latents(pixels, batch, pipe.vae.config.z_dim, r.height,
+                                                             r.width, r.num_frames, torch.float32, device, generator)
+            frame_mask = mask[0] if mask else None
         ratio = pipe.config.boundary_ratio
         boundary = None if ratio is None else ratio * pipe.scheduler.config.num_train_timesteps
         return DenoiseState(latents, pipe.scheduler.timesteps, branches, r.guidance_scale, r.height, r.width,
-                            extra=dict(boundary=boundary, num_frames=r.num_frames, condition=condition))
+                            extra=dict(boundary=boundary, num_frames=r.num_frames, condition=condition,
+                                       frame_mask=frame_mask))
 
     def transformer_for(self, state, t):
         # diffusers: `transformer` while t >= boundary (high noise), then `transformer_2`; a pipeline of one
@@ -95,14 +109,29 @@ class WanRecipe(VideoRecipe):
 
     def model_inputs(self, state, latents, t, branch):
         transformer = self.transformer_for(state, t)
-        condition = state.extra["condition"]
-        if condition is not None:  # image-to-video: [B, z + T + z, F, h, w]
-            latents = torch.cat([latents, condition], dim=1)
-        return dict(hidden_states=latents.to(transformer.dtype), timestep=t.expand(latents.shape[0]),
-                    attention_kwargs=None, **state.branches[branch])
+        condition, frame_mask = state.extra["condition"], state.extra["frame_mask"]
+        if frame_mask is not None:  # TI2V: a timestep per token [B, S], frame-major as the model's tokens
+            latents = self._with_first_frame(state, latents)
+            _, p_h, p_w = transformer.config.patch_size
+            timestep = (frame_mask[0][0][:, ::p_h, ::p_w] * t).flatten().unsqueeze(0).expand(latents.shape[0], -1)
+        else:
+            if condition is not None:  # image-to-video: [B, z + T + z, F, h, w]
+                latents = torch.cat([latents, condition], dim=1)
+            timestep = t.expand(latents.shape[0])
+        return dict(hidden_states=latents.to(transformer.dtype), timestep=timestep, attention_kwargs=None,
+                    **state.branches[branch])
+
+    @staticmethod
+    def _with_first_frame(state, latents):
+        """TI2V image-to-video: the image's latents in the first frame, the denoised ones after (the pipeline's
+        blend by first_frame_mask); text-to-video: the latents as they are."""
+        condition, frame_mask = state.extra["condition"], state.extra["frame_mask"]
+        return latents if condition is None else (1 - frame_mask) * condition + frame_mask * latents
 
     def decode_latents(self, state, latents):
         vae = self.pipe.vae
+        if state.extra["frame_mask"] is not None:
+            latents = self._with_first_frame(state, latents)
         latents = latents.to(vae.dtype)
         shape = (1, vae.config.z_dim, 1, 1, 1)
         mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)

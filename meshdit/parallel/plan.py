@@ -29,6 +29,9 @@ class Split:
     """A per-token table the model broadcasts (rotary embeddings): of size 1 on `dim`, its one row serves every
     token, so each rank and PipeFusion patch keeps it whole (HunyuanDiT's rotary grid of 1 x 1). A stream's own
     tokens are never a table: one text token is still split, as the stream it is."""
+    expected_dims: int | None = None
+    """Split only a tensor of this many dims and pass any other whole (diffusers' ContextParallelInput.expected_dims):
+    Wan's timestep is [B, S], one per token, under Wan 2.2 TI2V's expand_timesteps, and [B] (no tokens) otherwise."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,20 @@ class MaskedTail:
 
     streams: tuple[str, ...]
     tail: str
+
+
+@dataclass(frozen=True)
+class TokenMask:
+    """Attention value: the module's q/k/v are `streams` (each split over the SP ranks, in this order) and its SDPA
+    mask is one token mask applied to queries and keys alike, `m_i * m_j` over the streams' whole tokens in this
+    order ([B, 1, N, N], N every stream's whole length: the model builds it from an unsplit [B, N] mask). Chroma's
+    mask is a float 0/1 one, which SDPA adds to the scores (diffusers 0.42: a pair of kept tokens scores +1, any
+    other pair +0; padding is down-weighted, not hidden). Sequence parallelism folds that bias into q and k: one
+    extra channel per head, m_i / scale on the queries and m_j on the keys (values 0), so the plain unmasked
+    attention (USP, or PipeFusion's stale K/V, which keep that channel with the keys) scores exactly
+    q.k * scale + m_i * m_j. A boolean mask is refused there."""
+
+    streams: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -75,10 +92,10 @@ class Gather:
 class SequencePlan:
     splits: tuple[Split, ...]
     gathers: tuple[Gather, ...]
-    attention: dict[str, tuple[str, ...] | str | MaskedTail | NotSdpa] = field(default_factory=dict)
+    attention: dict[str, tuple[str, ...] | str | MaskedTail | TokenMask | NotSdpa] = field(default_factory=dict)
     """Glob over attention module paths -> the streams their q/k/v sequence
-    concatenates (any order), LOCAL, a MaskedTail, or NotSdpa. First match wins; every attention module
-    in the transformer must match one glob. Every module given streams or a MaskedTail must call torch's
+    concatenates (any order), LOCAL, a MaskedTail, a TokenMask, or NotSdpa. First match wins; every attention module
+    in the transformer must match one glob. Every module given streams, a MaskedTail or a TokenMask must call torch's
     SDPA whenever it runs (the router checks it on every forward); one that attends another way is NotSdpa."""
 
 

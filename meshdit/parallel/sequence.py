@@ -24,7 +24,7 @@ from ..attention.usp import EXACT, SequenceGroups, WireCodecs, usp_attention
 from ..distributed.comm import all_gather_uneven, group_rank, group_size, split_sizes
 from ..distributed.mesh import ParallelMesh
 from ..errors import ConfigError
-from .plan import LOCAL, OUTPUT, MaskedTail, NotSdpa, SequencePlan
+from .plan import LOCAL, OUTPUT, MaskedTail, NotSdpa, SequencePlan, Split, TokenMask
 
 
 def sequence_groups(mesh: ParallelMesh) -> SequenceGroups:
@@ -208,6 +208,64 @@ class _MaskedTailAttention:
         return self.state.tail_mask[2]
 
 
+@dataclass
+class _TokenMaskAttention:
+    """Attention over split `streams` whose SDPA mask is a float token mask applied to queries and keys alike,
+    `m_i * m_j` (TokenMask): the bias rides in one extra channel of q and k, so the plain sequence-parallel
+    attention runs without a mask and scores exactly what one process's masked SDPA scores."""
+
+    state: _SequenceState
+    plan: TokenMask
+    module_name: str
+
+    EXTRA = 8
+    """Channels added per head (one carries the mask; 8 keep the head size's multiple of 8 for GPU kernels)."""
+
+    def __call__(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                 enable_gqa=False):
+        active = _ActiveAttention(self.state, self.plan.streams, self.module_name)
+        if attn_mask is None:
+            return active(query, key, value, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                          enable_gqa=enable_gqa)
+        scale = query.shape[-1] ** -0.5 if scale is None else scale
+        mask = self._local_mask(attn_mask, query.shape[0]).to(query.dtype)[:, None, :, None]  # [B, 1, n, 1]
+        pad = [0, self.EXTRA]
+
+        def widen(x, channel):  # [B, H, n, D] -> [B, H, n, D + EXTRA], channel 0 of the extra ones set
+            wide = torch.nn.functional.pad(x, pad)
+            if channel is not None:
+                wide[..., x.shape[-1]] = channel.expand(x.shape[:-1])
+            return wide
+
+        out = active(widen(query, mask[..., 0] / scale), widen(key, mask[..., 0]), widen(value, None),
+                     dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        return out[..., :query.shape[-1]]
+
+    def _local_mask(self, mask, batch: int) -> torch.Tensor:
+        """This rank's tokens' m [B, n], from the whole query x key mask [B or 1, 1, N, N], which must be the
+        outer product of one 0/1 token mask (checked on every call: the processor rebuilds it in every block)."""
+        state = self.state
+        n = sum(state.full_lens[s] for s in self.plan.streams)
+        if mask.dtype == torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[-2:] != (n, n):
+            raise NotImplementedError(f"{self.module_name}: sequence parallelism takes a float query x key mask "
+                                      f"[B, 1, {n}, {n}] here, got {mask.dtype} {tuple(mask.shape)}; run this model "
+                                      "with ulysses/ring/pipefusion degree 1.")
+        tokens = mask[:, 0].diagonal(dim1=-2, dim2=-1)  # [B, N]: m_i * m_i = m_i
+        if not bool(((tokens == 0) | (tokens == 1)).all()) or not torch.equal(
+                mask[:, 0], tokens[:, :, None] * tokens[:, None, :]):
+            raise NotImplementedError(f"{self.module_name}: sequence parallelism takes a query x key mask only as "
+                                      "one 0/1 token mask applied to queries and keys alike; run this model with "
+                                      "ulysses/ring/pipefusion degree 1.")
+        parts, offset = [], 0
+        for stream in self.plan.streams:  # the local shard of each stream, at its place in the whole sequence
+            start = offset + sum(state.lens(stream)[:state.sp_rank])
+            if state.patch is not None and stream == state.PATCHED_STREAM:
+                start += state.patch[0]
+            parts.append(tokens[:, start:start + state.lens(stream)[state.sp_rank]])
+            offset += state.full_lens[stream]
+        return torch.cat(parts, dim=1).expand(batch, -1)
+
+
 def _named_inputs(module, args, kwargs):
     # a PipeFusion stand-in (SkipBlock) states the signature of the block it replaced
     signature = getattr(module, "signature", None) or inspect.signature(module.forward)
@@ -236,6 +294,12 @@ def apply_sequence_parallel(transformers: torch.nn.Module | list[torch.nn.Module
     return state, handles
 
 
+def _split(state: _SequenceState, x: torch.Tensor, split: Split) -> torch.Tensor:
+    if split.expected_dims is not None and x.dim() != split.expected_dims:  # no tokens in this form
+        return x
+    return state.split(x, split.dim, split.stream, split.table)
+
+
 def _hook_transformer(transformer: torch.nn.Module, plan: SequencePlan, state: _SequenceState,
                       prefix: str) -> list:
     modules = dict(transformer.named_modules())
@@ -246,18 +310,17 @@ def _hook_transformer(transformer: torch.nn.Module, plan: SequencePlan, state: _
         if split.arg == OUTPUT:
             def split_output(_mod, _args, out, split=split):
                 if isinstance(out, (tuple, list)):  # e.g. Wan's rope returns (cos, sin), each [1, S, 1, D]
-                    return type(out)(state.split(v, split.dim, split.stream, split.table) for v in out)
-                return state.split(out, split.dim, split.stream, split.table)
+                    return type(out)(_split(state, v, split) for v in out)
+                return _split(state, out, split)
             handles.append(module.register_forward_hook(split_output))
         else:
             def split_input(mod, args, kwargs, split=split):
                 named = _named_inputs(mod, args, kwargs)
                 value = named.get(split.arg)
                 if isinstance(value, (tuple, list)):  # e.g. HunyuanDiT's rotary (cos, sin), each [S, D]
-                    named[split.arg] = type(value)(state.split(v, split.dim, split.stream, split.table)
-                                                   for v in value)
+                    named[split.arg] = type(value)(_split(state, v, split) for v in value)
                 elif value is not None:
-                    named[split.arg] = state.split(value, split.dim, split.stream, split.table)
+                    named[split.arg] = _split(state, value, split)
                 return (), named
             handles.append(module.register_forward_pre_hook(split_input, with_kwargs=True))
 
@@ -279,6 +342,8 @@ def _hook_transformer(transformer: torch.nn.Module, plan: SequencePlan, state: _
             continue
         if isinstance(streams, MaskedTail):
             active = _MaskedTailAttention(state, streams, prefix + name)
+        elif isinstance(streams, TokenMask):
+            active = _TokenMaskAttention(state, streams, prefix + name)
         else:
             active = _ActiveAttention(state, tuple(streams), prefix + name)
         marked[id(active)] = module

@@ -48,8 +48,8 @@ def _builders() -> dict:
 
 BUILDERS = _builders()
 """Every family's tiny pipelines by name ("flux", "flux-4blocks", ...): builder(seed=0) -> pipeline."""
-TEST_SCALE = {name: module.TESTS.token_scale for _, module in tiny_families() for name in module.BUILDERS
-              if module.TESTS.token_scale != 1 and name not in module.TESTS.unscaled}
+TEST_SCALE = {name: module.TESTS.scale_of(name) for _, module in tiny_families() for name in module.BUILDERS
+              if module.TESTS.scale_of(name) != 1}
 """Tests write sizes for the tokens of their kind (image: 4 pixels wide, VAE 2 x patch 2; video: 16, VAE 8 x
 patch 2); a pipeline with wider tokens multiplies them (TinyTests.token_scale: HunyuanDiT's images 4, LTX's videos
 2), so every family sees the same token grids."""

@@ -53,6 +53,14 @@ class TinyTests:
     unscaled: tuple[str, ...] = ()
     """Builds of the family whose tokens are 4 (image) or 16 (video) pixels wide after all, so token_scale skips
     them (HunyuanDiT's VAE-factor-2 build)."""
+    build_scales: dict[str, int] = field(default_factory=dict)
+    """Builds whose tokens are wider than token_scale says: their own scale (Wan 2.2 TI2V's 32-pixel tokens: 2)."""
+
+    def scale_of(self, name: str) -> int:
+        """How much wider than the tests' sizes build `name`'s sizes are (token_scale, unscaled, build_scales)."""
+        if name in self.build_scales:
+            return self.build_scales[name]
+        return 1 if name in self.unscaled else self.token_scale
 
 
 @dataclass(frozen=True)
