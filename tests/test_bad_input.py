@@ -90,7 +90,7 @@ BAD_INPUTS = {
                               "--num-frames 10 cannot be encoded by this model's VAE"),
     "video-to-an-image-name": (["--model", "{tmp}/wan"], "this model makes videos; use a .mp4"),
     "video-name-for-an-image-model": (["--output", "{tmp}/x.mp4"], "(.mp4 and .gif are for video models)"),
-    "image-given-to-text-to-video": (["--model", "{tmp}/wan", "--image", "{tmp}/earlier.png", "--output",
+    "image-given-to-text-to-video": (["--model", "{tmp}/wan", "--image", "{tmp}/frame.png", "--output",
                                       "{tmp}/x.mp4"], "takes no image: drop --image"),
     "video-height-not-patch-multiple": (["--model", "{tmp}/wan", "--height", "40", "--output", "{tmp}/x.mp4"],
                                         "height 40 cannot be split into this model's patches"),
@@ -100,7 +100,7 @@ BAD_INPUTS = {
                                      "animates an image: pass its first frame with --image PATH"),
     "image-to-video-image-missing": (["--model", "{tmp}/wan-i2v", "--image", "{tmp}/nope.png", "--output",
                                       "{tmp}/x.mp4"], "nope.png': no such file; pass the path of an image file"),
-    "image-to-video-other-text-length": (["--model", "{tmp}/wan-i2v", "--image", "{tmp}/earlier.png",
+    "image-to-video-other-text-length": (["--model", "{tmp}/wan-i2v", "--image", "{tmp}/frame.png",
                                           "--max-sequence-length", "100", "--output", "{tmp}/x.mp4"],
                                          "takes exactly 512 text tokens"),
     # an edit model's input image (meshdit/input_image.py): checked from the file before ranks start
@@ -109,8 +109,6 @@ BAD_INPUTS = {
     "edit-image-missing": (["--model", "{tmp}/kontext", "--image", "{tmp}/nope.png"], "no such file"),
     "edit-image-too-wide": (["--model", "{tmp}/kontext", "--image", "{tmp}/wide.png"],
                             "--image: the image is 8193x1 pixels; each side must be 1..8192"),
-    "video-per-token-timesteps": (["--model", "{tmp}/wan-ti2v", "--output", "{tmp}/x.mp4"],
-                                  "sets expand_timesteps"),
     # Wan 2.2 TI2V-5B (per-token timesteps, run since issue 45): its VAE's 16 pixels x patch 2 make 32-pixel tokens
     "ti2v-height-not-token-multiple": (["--model", "{tmp}/wan-ti2v", "--height", "48", "--width", "64",
                                         "--output", "{tmp}/x.mp4"], "multiple of 32 (VAE factor 16 x patch 2)"),
@@ -129,18 +127,18 @@ BAD_INPUTS = {
                                         "frames cannot cut: use --num-frames 9 or 25"),
     # HunyuanVideo image to video: token_replace transformers (diffusers' tests cover latent_concat only)
     "hunyuanvideo-i2v-token-replace": (["--model", "{tmp}/hunyuanvideo-i2v-token-replace", "--image",
-                                        "{tmp}/earlier.png", "--output", "{tmp}/x.mp4"],
+                                        "{tmp}/frame.png", "--output", "{tmp}/x.mp4"],
                                        "sets image_condition_type 'token_replace' (the first frame's tokens"),
     "ltx-image-to-video-without-image": (["--model", "{tmp}/ltx-i2v", "--output", "{tmp}/x.mp4"],
                                          "this LTXImageToVideoPipeline animates an image: pass its first frame"),
     "ltx-condition-without-image": (["--model", "{tmp}/ltx-condition", "--output", "{tmp}/x.mp4"],
                                     "this LTXConditionPipeline animates an image: pass its first frame"),
-    "ltx-condition-at-a-later-frame": (["--model", "{tmp}/ltx-condition", "--image", "{tmp}/earlier.png",
+    "ltx-condition-at-a-later-frame": (["--model", "{tmp}/ltx-condition", "--image", "{tmp}/frame.png",
                                         "--extra", "frame_index=8", "--output", "{tmp}/x.mp4"],
                                        "--extra frame_index: meshdit does not pass 'frame_index' to this "
                                        "LTXConditionPipeline: LTXConditionPipeline runs with one condition, --image "
                                        "at frame 0 with strength 1"),
-    "ltx-condition-denoise-strength": (["--model", "{tmp}/ltx-condition", "--image", "{tmp}/earlier.png",
+    "ltx-condition-denoise-strength": (["--model", "{tmp}/ltx-condition", "--image", "{tmp}/frame.png",
                                         "--extra", "denoise_strength=0.5", "--output", "{tmp}/x.mp4"],
                                        "video-to-video from given latents: meshdit takes no --latents"),
     # CogVideoX
@@ -158,15 +156,15 @@ BAD_INPUTS = {
                                     "CogVideoXDPMScheduler draws fresh noise in every step"),
     "cogvideox-i2v-without-image": (["--model", "{tmp}/cogvideox-5b-i2v", "--output", "{tmp}/x.mp4"],
                                     "this CogVideoXImageToVideoPipeline animates an image: pass its first frame"),
-    "cogvideox-i2v-learned-other-size": (["--model", "{tmp}/cogvideox-5b-i2v", "--image", "{tmp}/earlier.png",
+    "cogvideox-i2v-learned-other-size": (["--model", "{tmp}/cogvideox-5b-i2v", "--image", "{tmp}/frame.png",
                                           "--height", "480", "--width", "480", "--output", "{tmp}/x.mp4"],
                                          "480x480 is not this model's size: its use_learned_positional_embeddings "
                                          "cover exactly 480x720 (its transformer's sample_height x sample_width "
                                          "latents); use --height 480 --width 720"),
-    "cogvideox-i2v-learned-other-text-length": (["--model", "{tmp}/cogvideox-5b-i2v", "--image", "{tmp}/earlier.png",
+    "cogvideox-i2v-learned-other-text-length": (["--model", "{tmp}/cogvideox-5b-i2v", "--image", "{tmp}/frame.png",
                                                  "--max-sequence-length", "100", "--output", "{tmp}/x.mp4"],
                                                 "takes exactly 226 text tokens"),
-    "cogvideox-1.5-i2v-temporal-patch": (["--model", "{tmp}/cogvideox-1.5-i2v", "--image", "{tmp}/earlier.png",
+    "cogvideox-1.5-i2v-temporal-patch": (["--model", "{tmp}/cogvideox-1.5-i2v", "--image", "{tmp}/frame.png",
                                           "--output", "{tmp}/x.mp4"], "sets patch_size_t (CogVideoX 1.5's temporal"),
     # FP8 options
     "fp8-comm-k-without-fp8-comm": (["--fp8-comm-k"], "needs --fp8-comm too"),
@@ -236,6 +234,7 @@ def workdir(tmp_path):
     (tmp_path / "blank.txt").write_text("\n   \n\t\n")
     (tmp_path / "latin1.txt").write_bytes("un caf\u00e9 rouge\n".encode("latin-1"))
     (tmp_path / "earlier.png").write_bytes(b"an earlier output")
+    Image.new("RGB", (80, 48)).save(tmp_path / "frame.png")  # an input image the checks accept
     (tmp_path / "folder.png").mkdir()
     Image.new("RGB", (8193, 1)).save(tmp_path / "wide.png")  # a side above input_image.MAX_IMAGE_SIDE
     for name, index in (("bad-json", '{"_class_name": "FluxPipeline",'), ("no-class", '{"a": 1}')):
