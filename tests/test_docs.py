@@ -38,6 +38,14 @@ def test_readme_is_at_most_350_lines():
     assert lines <= MAX_README_LINES, f"README.md has {lines} lines; move detail into docs/ (limit {MAX_README_LINES})"
 
 
+def test_readme_model_table_names_every_pipeline_meshdit_runs():
+    from meshdit.models.registry import FAMILIES
+
+    section = README.read_text().split("## Models", 1)[1].split("\n## ", 1)[0]
+    missing = [p for family in FAMILIES for p in family.pipeline_classes if f"`{p}`" not in section]
+    assert not missing, f"README's model table does not name {missing}"
+
+
 def test_every_relative_link_points_to_an_existing_file_and_heading():
     broken = []
     for doc in _docs():
