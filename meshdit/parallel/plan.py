@@ -29,6 +29,9 @@ class Split:
     """A per-token table the model broadcasts (rotary embeddings): of size 1 on `dim`, its one row serves every
     token, so each rank and PipeFusion patch keeps it whole (HunyuanDiT's rotary grid of 1 x 1). A stream's own
     tokens are never a table: one text token is still split, as the stream it is."""
+    item: int | None = None
+    """Of a tuple or list input or output: split only this item, the others stay whole (Qwen-Image's rope returns
+    (image freqs, text freqs) and its text is held whole). None: every item alike."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,9 @@ class MaskedTail:
 
     streams: tuple[str, ...]
     tail: str
+    leading: bool = False
+    """The whole stream comes first in q/k/v ([tail, streams]: Qwen-Image's [text, image]); the attention reorders
+    the tokens to [streams, tail] (keys in any order give the same attention) and the output back."""
 
 
 @dataclass(frozen=True)
