@@ -261,7 +261,7 @@ def test_registry_defaults_equal_diffusers(family):
             scale = inspect.signature(guider.annotation.__init__).parameters["guidance_scale"].default
             assert "guidance_scale" not in call and family.default_guidance == scale, pipeline_class
         else:
-            assert family.default_guidance == call["guidance_scale"].default, pipeline_class
+            assert family.default_guidance == call[family.guidance_argument].default, pipeline_class
         size, frames = (call["height"].default, call["width"].default), call.get("num_frames")
         if family.default_pixel_size_by_config:  # HunyuanVideo 1.5: the bucket of the config's target_size
             key, sizes = family.default_pixel_size_by_config

@@ -91,7 +91,9 @@ class ModelInfo:
 
             vae_scale, temporal = video_spatial_scale(vae), video_temporal_scale(vae, family.vae_temporal_factor_key)
         else:
-            vae_scale = vae.get("scale_factor_spatial") or 2 ** (len(vae.get("block_out_channels", [0] * 4)) - 1)
+            vae_scale = vae.get("scale_factor_spatial") or (  # Qwen-Image's causal 3-D VAE: its downsamplings
+                2 ** len(vae["temperal_downsample"]) if "temperal_downsample" in vae
+                else 2 ** (len(vae.get("block_out_channels", [0] * 4)) - 1))
             temporal = None
         scheduler = index.get("scheduler")  # ["diffusers", "DDPMScheduler"]
         scheduler_class = scheduler[1] if isinstance(scheduler, list) and len(scheduler) == 2 else ""
@@ -177,6 +179,12 @@ class ModelInfo:
     def check_frames_and_image(self, request: GenerateRequest) -> None:
         """--num-frames, --fps and --image against what the pipeline makes (images, videos, from an image)."""
         what = self.pipeline_class
+        refused = [(self.pipeline_config, key, why) for key, why in self.family.refused_pipeline_config.items()]
+        refused += [(self.transformer_config, key, why) for key, why in self.family.refused_transformer_config.items()]
+        for config, key, why in refused:
+            if config.get(key):
+                raise ConfigError(f"this {what} sets {key} ({why}), which meshdit does not run yet: use a model "
+                                  f"without {key}.")
         if not self.is_video:
             for flag, value in (("--num-frames", request.num_frames), ("--fps", request.fps)):
                 if value is not None:
@@ -185,12 +193,6 @@ class ModelInfo:
                               needs=what not in self.family.image_optional_pipelines,
                               need="edits an image: pass the image to edit", refusal="makes images from text alone")
             return
-        refused = [(self.pipeline_config, key, why) for key, why in self.family.refused_pipeline_config.items()]
-        refused += [(self.transformer_config, key, why) for key, why in self.family.refused_transformer_config.items()]
-        for config, key, why in refused:
-            if config.get(key):
-                raise ConfigError(f"this {what} sets {key} ({why}), which meshdit does not run yet: use a model "
-                                  f"without {key}.")
         factor = self.vae_temporal_factor
         frames = request.num_frames
         if (frames - 1) % factor:

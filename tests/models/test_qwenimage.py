@@ -1,0 +1,76 @@
+"""Qwen-Image through the real CLI: a saved tiny model folder, Ulysses 2 against one process (the parametrised tests
+cover every layout in process); the edit pipeline with --image; its refusals before ranks start."""
+import importlib.util
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from meshdit.config import GenerateRequest, ParallelConfig
+from meshdit.errors import ConfigError
+from meshdit.models.info import ModelInfo
+from meshdit.testing.tiny_models import tiny_pipeline
+
+CLI = [sys.executable, "-m", "meshdit", "generate"]
+
+
+def _generate(model, out, *flags):
+    proc = subprocess.run(CLI + ["--model", str(model), "--prompt", "a red cat on a blue square", "--height", "64",
+                                 "--width", "48", "--steps", "2", "--max-sequence-length", "16", "--output", str(out),
+                                 *flags], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return np.load(out)
+
+
+def _ulysses_equals_one_process(name, tmp_path, *flags):
+    model = tmp_path / name
+    tiny_pipeline(name).save_pretrained(model)
+    serial = _generate(model, tmp_path / "serial.npy", *flags)
+    parallel = _generate(model, tmp_path / "ulysses.npy", "--ulysses-degree", "2", *flags)
+    assert serial.shape == (64, 48, 3)
+    assert np.abs(parallel - serial).max() <= 1e-5 * np.abs(serial).max()
+
+
+def test_text_to_image_cli_under_ulysses_2_equals_one_process(tmp_path):
+    _ulysses_equals_one_process("qwenimage", tmp_path, "--negative-prompt", "blue", "--guidance-scale", "3")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchvision") is None,
+                    reason="transformers 5's Qwen2VLProcessor saves and loads a video processor, which needs "
+                           "torchvision")
+def test_edit_cli_with_image_under_ulysses_2_equals_one_process(tmp_path):
+    from meshdit.models.tiny.parts import sample_image
+
+    sample_image().save(tmp_path / "in.png")
+    _ulysses_equals_one_process("qwenimage-edit", tmp_path, "--image", str(tmp_path / "in.png"))
+
+
+def _info(name):
+    return ModelInfo.from_pipeline(tiny_pipeline(name))
+
+
+def test_edit_pipeline_needs_an_image_and_text_to_image_refuses_one(tmp_path):
+    edit, t2i = _info("qwenimage-edit"), _info("qwenimage")
+    request = GenerateRequest(prompt="a cat", height=64, width=48)
+    with pytest.raises(ConfigError, match="--image PATH"):
+        edit.check_request(ParallelConfig(), request)
+    image = tmp_path / "in.png"
+    image.write_bytes(b"")
+    with pytest.raises(ConfigError, match="drop --image"):
+        t2i.check_request(ParallelConfig(), GenerateRequest(prompt="a cat", height=64, width=48, image=str(image)))
+
+
+def test_variants_the_plan_does_not_cover_are_refused():
+    info = _info("qwenimage")
+    for key in ("zero_cond_t", "use_layer3d_rope"):
+        changed = ModelInfo(info.source, info.pipeline_class, info.family, {**info.transformer_config, key: True},
+                            info.vae_scale_factor)
+        with pytest.raises(ConfigError, match=key):
+            changed.check_request(ParallelConfig(), GenerateRequest(prompt="a cat", height=64, width=48))
+
+
+def test_cfg_parallel_needs_a_guidance_scale_above_one():
+    with pytest.raises(ConfigError, match="guidance scale 1.0"):
+        _info("qwenimage").check_request(ParallelConfig(cfg_degree=2),
+                                         GenerateRequest(prompt="a cat", height=64, width=48, guidance_scale=1.0))
