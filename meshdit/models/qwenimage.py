@@ -23,7 +23,8 @@ from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dime
 from diffusers.utils import load_image
 
 from ..denoising.recipe import COND, UNCOND, DenoiseState, Recipe
-from ..parallel.plan import OUTPUT, BlockList, Gather, MaskedTail, ModelPlan, SequencePlan, Split, StagePlan
+from ..parallel.plan import (OUTPUT, BlockList, Gather, MaskedTail, ModelPlan, SequencePlan, Split, StagePlan,
+                             TensorPlan)
 
 # The image tokens are split where the blocks take them (diffusers' _cp_plan does so too), the image rotary freqs
 # where the rope module returns them. The text stays whole on every rank with its rotary freqs: each attention sees
@@ -42,7 +43,9 @@ PLAN = ModelPlan(
         BlockList("transformer_blocks", ("hidden_states", "encoder_hidden_states"),
                   ("encoder_hidden_states", "hidden_states")),
     )),
-    # tensor parallelism: diffusers' _tp_plan on QwenImageTransformer2DModel (Q/K/V and MLPs of both streams)
+    # tensor parallelism: diffusers' _tp_plan on QwenImageTransformer2DModel (Q/K/V and MLPs of both streams), plus
+    # the two streams' adaLN modulation split and gathered (a third of a block's weights, which _tp_plan leaves whole)
+    TensorPlan(gathered=("transformer_blocks.*.img_mod.1", "transformer_blocks.*.txt_mod.1")),
 )
 
 
