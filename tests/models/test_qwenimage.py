@@ -74,3 +74,24 @@ def test_cfg_parallel_needs_a_guidance_scale_above_one():
     with pytest.raises(ConfigError, match="guidance scale 1.0"):
         _info("qwenimage").check_request(ParallelConfig(cfg_degree=2),
                                          GenerateRequest(prompt="a cat", height=64, width=48, guidance_scale=1.0))
+
+
+@pytest.mark.parametrize("degrees", [dict(ulysses_degree=2), dict(ring_degree=2, cfg_degree=2)], ids=["u2", "r2cfg2"])
+def test_prompts_of_different_lengths_mask_the_text_padding_and_equal_one_process(run_ranks, degrees):
+    """Two prompts of different token counts: the pipeline pads the shorter and masks its padding, so each joint
+    attention gets a key mask over [text, image], which the leading MaskedTail takes under sequence parallelism."""
+    import torch
+
+    from tests.parallel import sp_jobs
+
+    prompts = ["a red cat on a blue square", "a dog"]
+    pipe = tiny_pipeline("qwenimage")
+    _, mask = pipe.encode_prompt(prompt=prompts, device=torch.device("cpu"), max_sequence_length=16)
+    assert mask is not None and not mask.all()  # the case this test is for: padding masked
+    ref_out, ref_image = sp_jobs.generate_layout("qwenimage", {}, 36, 44, prompts=prompts)
+    world = 1
+    for degree in degrees.values():
+        world *= degree
+    for out, image in run_ranks(world, sp_jobs.generate_layout, "qwenimage", degrees, 36, 44, prompts=prompts):
+        assert (out - ref_out).abs().max().item() <= 1e-5 * ref_out.abs().max().item()
+        assert np.abs(image - ref_image).max() <= 1e-5 * np.abs(ref_image).max()
