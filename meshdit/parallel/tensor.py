@@ -272,6 +272,8 @@ def apply_tensor_parallel(transformer: nn.Module, plan: TensorPlan, stages: Stag
     for path in {p.rsplit(".", 1)[0] for p, s in shards.items() if s.style == COLUMN}:
         owner = _attention_above(transformer, path)
         if owner is not None:
+            if isinstance(getattr(owner, "inner_dim", None), int):  # processors reading head_dim as inner_dim // heads
+                owner.inner_dim = local_heads * (owner.inner_dim // owner.heads)  # (Qwen-Image's) keep it
             owner.heads = local_heads
     return done
 
