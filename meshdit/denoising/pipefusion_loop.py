@@ -74,7 +74,7 @@ def _patch_pipeline(recipe: Recipe, state: DenoiseState, pf, sequence_state, cfg
             if pf.is_first and i > 0 and pf.num_stages > 1:
                 pf.channel.recv_update(view, pf.num_stages - 1)
             preds = {}
-            with sequence_state.patch_window(row0 * cols, row1 * cols):
+            with sequence_state.patch_window(row0 * cols, row1 * cols, rows * cols):
                 for branch in local:
                     with pf.stale_kv.for_branch(branch):
                         preds.update(recipe.predict(state, latents, t, [branch]))

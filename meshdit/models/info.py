@@ -144,6 +144,12 @@ class ModelInfo:
         self.check_call_arguments(request)
         self.check_frames_and_image(request)
         self.check_cache(config, request)
+        if self.pipeline_class in self.family.image_tokens_after_grid_pipelines and \
+                config.pipefusion_parallel_degree > 1 and request.warmup_steps < request.num_inference_steps:
+            raise ConfigError(
+                f"this {self.pipeline_class} appends the input image's tokens to the image stream after the latent "
+                "grid, which PipeFusion's patches (rows of the grid) cannot cut: run every step whole with "
+                f"--warmup-steps {request.num_inference_steps} (>= --steps), or drop --pipefusion-parallel-degree.")
         self.check(config, request.height, request.width, request.guidance_scale,
                    num_images or len(request.prompts) * request.num_images_per_prompt, request.patches(config),
                    request.num_frames)

@@ -11,8 +11,9 @@ prompt).
 Editing (QwenImageEditPipeline): the input image goes into the text encoder (Qwen2.5-VL with its processor) and, as
 VAE latents at about 1024 x 1024 pixels, after the noise tokens in the image stream (img_shapes lists both grids).
 Those reference tokens are split with the image stream (one tensor, one rotary table: per-token arithmetic, exact
-under Ulysses and ring); PipeFusion's patches are rows of the noise tokens only, so after the warmup steps the
-reference tokens' K/V are the stale ones of the last whole-image step (with full warmup: exact).
+under Ulysses and ring). PipeFusion's patches are rows of the latent grid and cannot cut tokens after it: its
+whole-grid windows keep them (full warmup: exact), and patch steps are refused before ranks start (the row's
+image_tokens_after_grid_pipelines).
 """
 from __future__ import annotations
 

@@ -76,6 +76,9 @@ class ModelFamily:
     the family's other pipelines refuse one."""
     image_optional_pipelines: tuple[str, ...] = ()
     """Of image_edit_pipelines, those that also run without an --image (FLUX.1 Kontext draws from text alone)."""
+    image_tokens_after_grid_pipelines: tuple[str, ...] = ()
+    """Pipelines whose input image rides as tokens after the latent grid's in the image stream (Qwen-Image-Edit's
+    reference latents): PipeFusion's patches (rows of the grid) cannot cut them, so it runs them with full warmup."""
     refused_pipeline_config: dict[str, str] = field(default_factory=dict)
     """model_index.json keys that, when true, name a variant the family's plan does not cover -> why."""
     refused_transformer_config: dict[str, str] = field(default_factory=dict)
@@ -227,6 +230,7 @@ FAMILIES = (
                 "meshdit.models.qwenimage", packed=True, default_steps=50, default_guidance=4.0,
                 default_max_sequence_length=512, max_sequence_length_limit=1024, default_sample_size=128,
                 guidance_argument="true_cfg_scale", image_edit_pipelines=("QwenImageEditPipeline",),
+                image_tokens_after_grid_pipelines=("QwenImageEditPipeline",),
                 tensor_parallel=True,
                 refused_transformer_config={
                     "zero_cond_t": "Qwen-Image-Edit-2511's per-token modulation index, which the plan does not split",

@@ -67,20 +67,30 @@ class _SequenceState:
 
     PATCHED_STREAM = "img"
 
+    grid: int | None = None
+    """PipeFusion: the image tokens of the latent grid, of the window set now (the image stream may carry more after
+    them: an edit pipeline's reference tokens)."""
+
     @contextmanager
-    def patch_window(self, start: int, stop: int):
-        """PipeFusion: forwards inside compute the image tokens [start, stop) only."""
-        self.patch = (start, stop)
+    def patch_window(self, start: int, stop: int, grid: int | None = None):
+        """PipeFusion: forwards inside compute the image tokens [start, stop) only. A window over the whole grid of
+        `grid` tokens is the whole image stream, tokens after the grid included (no window at all)."""
+        self.patch, self.grid = (None if grid is not None and (start, stop) == (0, grid) else (start, stop)), grid
         try:
             yield
         finally:
-            self.patch = None
+            self.patch = self.grid = None
 
     def split(self, x: torch.Tensor, dim: int, stream: str, table: bool = False) -> torch.Tensor:
         if table and x.shape[dim] == 1:  # one row the model broadcasts over every token (Split.table)
             return x
         self.full_lens[stream] = x.shape[dim]
         if self.patch is not None and stream == self.PATCHED_STREAM:
+            if self.grid is not None and x.shape[dim] > self.grid:
+                raise ConfigError(
+                    f"PipeFusion's patches cut the image tokens by rows of the latent grid ({self.grid} tokens), but "
+                    f"this model's image stream carries {x.shape[dim] - self.grid} more after them (an edit "
+                    "pipeline's reference image): run every step whole, --warmup-steps >= --steps.")
             start, stop = self.patch
             x = x.narrow(dim, start, stop - start)
         self.stream_lens[stream] = split_sizes(x.shape[dim], self.sp_size)

@@ -95,3 +95,55 @@ def test_prompts_of_different_lengths_mask_the_text_padding_and_equal_one_proces
     for out, image in run_ranks(world, sp_jobs.generate_layout, "qwenimage", degrees, 36, 44, prompts=prompts):
         assert (out - ref_out).abs().max().item() <= 1e-5 * ref_out.abs().max().item()
         assert np.abs(image - ref_image).max() <= 1e-5 * np.abs(ref_image).max()
+
+
+EDIT_LAYOUTS = {  # the edit pipeline beyond the parametrised tests' Ulysses 2 x ring 2 (its variants run)
+    "r2": (dict(ring_degree=2), 1),
+    "cfg2": (dict(cfg_degree=2), 1),
+    "dp2": (dict(data_parallel_degree=2), 2),
+    "u2-parallel-vae": (dict(ulysses_degree=2), 1),
+}
+_EDIT_REFERENCE: dict = {}
+
+
+@pytest.mark.parametrize("layout", list(EDIT_LAYOUTS))
+def test_edit_pipeline_under_every_layout_equals_one_process(run_ranks, layout):
+    """The reference tokens, split with the image stream, under ring, CFG, data parallelism, PipeFusion (full
+    warmup: every step whole) and the parallel VAE, on 9 x 11 noise tokens (+ 82 x 50 reference tokens)."""
+    from meshdit.config import ParallelConfig as Layout
+    from tests.parallel import sp_jobs
+
+    degrees, per_prompt = EDIT_LAYOUTS[layout]
+    vae = dict(parallel=True) if layout == "u2-parallel-vae" else None
+    if per_prompt not in _EDIT_REFERENCE:
+        _EDIT_REFERENCE[per_prompt] = sp_jobs.generate_layout("qwenimage-edit", {}, 36, 44, per_prompt=per_prompt)
+    ref_out, ref_image = _EDIT_REFERENCE[per_prompt]
+    request_only = ("warmup_steps", "num_pipeline_patch")
+    world = Layout(**{k: v for k, v in degrees.items() if k not in request_only}).world_size
+    for out, image in run_ranks(world, sp_jobs.generate_layout, "qwenimage-edit", degrees, 36, 44,
+                                per_prompt=per_prompt, vae=vae):
+        if out.shape == ref_out.shape:  # (a data-parallel rank's first-step output covers its share only)
+            assert (out - ref_out).abs().max().item() <= 1e-5 * ref_out.abs().max().item()
+        assert image.shape == ref_image.shape
+        assert np.abs(image - ref_image).max() <= 1e-5 * np.abs(ref_image).max()
+
+
+def test_edit_pipeline_under_pipefusion_with_full_warmup_equals_one_process(run_ranks):
+    """Whole-grid windows keep the reference tokens after the grid (a fresh pipeline: PipeFusion drops blocks)."""
+    from tests.parallel import sp_jobs
+
+    ref = sp_jobs.generate_fresh("qwenimage-edit", {}, 36, 44)[0]
+    degrees = dict(pipefusion_parallel_degree=2, warmup_steps=2, num_pipeline_patch=2)
+    for image, _, _ in run_ranks(2, sp_jobs.generate_fresh, "qwenimage-edit", degrees, 36, 44):
+        assert np.abs(image - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_edit_pipeline_refuses_pipefusion_patch_steps(tmp_path):
+    image = tmp_path / "in.png"
+    image.write_bytes(b"")
+    request = GenerateRequest(prompt="a cat", height=64, width=48, image=str(image), num_inference_steps=4,
+                              warmup_steps=1)
+    with pytest.raises(ConfigError, match="--warmup-steps 4"):
+        _info("qwenimage-edit").check_request(ParallelConfig(pipefusion_parallel_degree=2), request)
+    _info("qwenimage").check_request(ParallelConfig(pipefusion_parallel_degree=2), GenerateRequest(
+        prompt="a cat", height=64, width=48, num_inference_steps=4, warmup_steps=1))  # text-to-image: patches run
