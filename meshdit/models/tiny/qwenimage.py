@@ -87,9 +87,9 @@ BUILDERS = {
     "qwenimage-4blocks": lambda seed=0: tiny_qwenimage_pipeline(seed, layers=4),
     "qwenimage-edit": lambda seed=0: tiny_qwenimage_pipeline(seed, edit=True),
 }
+# guidance 3 with the default negative prompt "": true CFG, two branches; tokens 16 pixels wide (VAE 8 x patch 2)
 TESTS = TinyTests(main="qwenimage", four_blocks="qwenimage-4blocks", variants=("qwenimage-edit",),
-                  edit="qwenimage-edit", guidance=3.0, token_scale=4,
-                  request_extra={})
+                  edit="qwenimage-edit", guidance=3.0, token_scale=4)
 GUARD_CASES = {
     "qwenimage": GuardCase("qwenimage", dict(prompt=GUARD_PROMPT, max_sequence_length=GUARD_TEXT), 1.0),
     "qwenimage-true-cfg": GuardCase("qwenimage", dict(prompt=GUARD_PROMPT, negative_prompt="", true_cfg_scale=3.0,
