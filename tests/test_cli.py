@@ -294,7 +294,7 @@ def test_registry_defaults_equal_diffusers(family):
             scale = inspect.signature(guider.annotation.__init__).parameters["guidance_scale"].default
             assert "guidance_scale" not in call and family.default_guidance == scale, pipeline_class
         else:
-            assert family.default_guidance_for(pipeline_class) == call["guidance_scale"].default, pipeline_class
+            assert family.default_guidance_for(pipeline_class) == call[family.guidance_argument].default, pipeline_class
         # (no height / width: HunyuanVideo 1.5 I2V takes the bucket of its image, meshdit the config's bucket below)
         size = (call["height"].default, call["width"].default) if "height" in call else None
         frames = call.get("num_frames")

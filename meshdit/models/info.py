@@ -1,6 +1,7 @@
 """What validation needs to know about a model, read from its config files (no weights)."""
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass, field
 
@@ -87,12 +88,19 @@ class ModelInfo:
         transformer = read_json(model, "transformer/config.json")
         vae = read_json(model, "vae/config.json")
         family = family_for_pipeline(pipeline_class)
+        if pipeline_class in family.loading_needs:
+            package, why = family.loading_needs[pipeline_class]
+            if importlib.util.find_spec(package) is None:
+                raise ConfigError(f"{model}: this {pipeline_class} cannot load without the Python package {package!r}: "
+                                  f"{why}. Install it (pip install {package}, the build matching your torch).")
         if family.is_video:
             from ..vae.settings import video_spatial_scale, video_temporal_scale
 
             vae_scale, temporal = video_spatial_scale(vae), video_temporal_scale(vae, family.vae_temporal_factor_key)
         else:
-            vae_scale = vae.get("scale_factor_spatial") or 2 ** (len(vae.get("block_out_channels", [0] * 4)) - 1)
+            vae_scale = vae.get("scale_factor_spatial") or (  # Qwen-Image's causal 3-D VAE: its downsamplings
+                2 ** len(vae["temperal_downsample"]) if "temperal_downsample" in vae
+                else 2 ** (len(vae.get("block_out_channels", [0] * 4)) - 1))
             temporal = None
         scheduler = index.get("scheduler")  # ["diffusers", "DDPMScheduler"]
         scheduler_class = scheduler[1] if isinstance(scheduler, list) and len(scheduler) == 2 else ""
@@ -147,6 +155,12 @@ class ModelInfo:
         self.check_call_arguments(request)
         self.check_frames_and_image(request, image_per_request)
         self.check_cache(config, request)
+        if self.pipeline_class in self.family.image_tokens_after_grid_pipelines and \
+                config.pipefusion_parallel_degree > 1 and request.warmup_steps < request.num_inference_steps:
+            raise ConfigError(
+                f"this {self.pipeline_class} appends the input image's tokens to the image stream after the latent "
+                "grid, which PipeFusion's patches (rows of the grid) cannot cut: run every step whole with "
+                f"--warmup-steps {request.num_inference_steps} (>= --steps), or drop --pipefusion-parallel-degree.")
         self.check(config, request.height, request.width, request.guidance_scale,
                    num_images or len(request.prompts) * request.num_images_per_prompt, request.patches(config),
                    request.num_frames)
@@ -185,13 +199,6 @@ class ModelInfo:
     def check_frames_and_image(self, request: GenerateRequest, image_per_request: bool = False) -> None:
         """--num-frames, --fps and --image against what the pipeline makes (images, videos, from an image)."""
         what = self.pipeline_class
-        if not self.is_video:
-            for flag, value in (("--num-frames", request.num_frames), ("--fps", request.fps)):
-                if value is not None:
-                    raise ConfigError(f"{flag} is for video models, but this {what} makes images: drop {flag}.")
-            self._check_image(request, image_per_request, need="edits an image: pass the image to edit",
-                              refusal="makes images from text alone")
-            return
         refused = [(self.pipeline_config, key, why) for key, why in self.family.refused_pipeline_config.items()]
         refused += [(self.transformer_config, key, why) for key, why in self.family.refused_transformer_config.items()]
         for config, key, why in refused:
@@ -200,6 +207,13 @@ class ModelInfo:
                 setting = key if value is None else f"{key} {value!r}"
                 raise ConfigError(f"this {what} sets {setting} ({why}), which meshdit does not run yet: use a model "
                                   f"without {setting}.")
+        if not self.is_video:
+            for flag, value in (("--num-frames", request.num_frames), ("--fps", request.fps)):
+                if value is not None:
+                    raise ConfigError(f"{flag} is for video models, but this {what} makes images: drop {flag}.")
+            self._check_image(request, image_per_request, need="edits an image: pass the image to edit",
+                              refusal="makes images from text alone")
+            return
         factor = self.vae_temporal_factor
         frames = request.num_frames
         if (frames - 1) % factor:

@@ -51,6 +51,9 @@ class ModelFamily:
     diffusers' general ones (models/info.NOISE_DRAWING_SCHEDULERS)."""
     default_sample_size: int | None = None
     """Latent size the pipeline defaults to; None: the transformer config's sample_size."""
+    guidance_argument: str = "guidance_scale"
+    """The pipeline __call__ argument --guidance-scale stands for, whose default is default_guidance (Qwen-Image:
+    true_cfg_scale; its guidance_scale is for guidance-distilled models only)."""
     guidance_distilled: bool | str = False
     """The model embeds the guidance scale and has no negative branch: True for every model of the
     family, or the transformer config key that says so (FLUX.1: guidance_embeds, true for -dev)."""
@@ -80,6 +83,13 @@ class ModelFamily:
     the family's other pipelines refuse one."""
     image_optional_pipelines: tuple[str, ...] = ()
     """Of image_edit_pipelines, those that also run without an --image (FLUX.1 Kontext draws from text alone)."""
+    image_tokens_after_grid_pipelines: tuple[str, ...] = ()
+    """Pipelines whose input image rides as tokens after the latent grid's in the image stream (Qwen-Image-Edit's
+    reference latents): PipeFusion's patches (rows of the grid) cannot cut them, so it runs them with full warmup."""
+    loading_needs: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Pipeline -> (a Python package its components need to load from a folder, why): refused before ranks start
+    where it is missing (Qwen-Image-Edit: transformers 5's Qwen2VLProcessor loads a video processor, which needs
+    torchvision)."""
     refused_pipeline_config: dict[str, str] = field(default_factory=dict)
     """model_index.json keys that, when true, name a variant the family's plan does not cover -> why."""
     refused_transformer_config: dict[str | tuple[str, str], str] = field(default_factory=dict)
@@ -277,6 +287,21 @@ FAMILIES = (
                 image_to_video_pipelines=("HunyuanVideo15ImageToVideoPipeline",),
                 refused_transformer_config={"use_meanflow": "the MeanFlow super-resolution model's timestep_r"},
                 tiny_module="meshdit.models.tiny.hunyuanvideo15"),
+    # Qwen-Image text-to-image and editing: true CFG (--guidance-scale is true_cfg_scale) with a negative prompt ("" by
+    # default); the edit pipeline's input image joins the text encoder's input and the image stream's tokens.
+    ModelFamily("qwenimage", "QwenImageTransformer2DModel", ("QwenImagePipeline", "QwenImageEditPipeline"),
+                "meshdit.models.qwenimage", packed=True, default_steps=50, default_guidance=4.0,
+                default_max_sequence_length=512, max_sequence_length_limit=1024, default_sample_size=128,
+                guidance_argument="true_cfg_scale", image_edit_pipelines=("QwenImageEditPipeline",),
+                image_tokens_after_grid_pipelines=("QwenImageEditPipeline",),
+                loading_needs={"QwenImageEditPipeline": ("torchvision", "its processor (transformers' "
+                                                         "Qwen2VLProcessor) loads a video processor, which needs it")},
+                tensor_parallel=True,
+                refused_transformer_config={
+                    "zero_cond_t": "Qwen-Image-Edit-2511's per-token modulation index, which the plan does not split",
+                    "use_layer3d_rope": "Qwen-Image-Layered's layered rotary embeddings",
+                    "guidance_embeds": "a guidance-distilled Qwen-Image, which no released model is"},
+                tiny_module="meshdit.models.tiny.qwenimage"),
 )
 
 

@@ -32,6 +32,9 @@ class Split:
     expected_dims: int | None = None
     """Split only a tensor of this many dims and pass any other whole (diffusers' ContextParallelInput.expected_dims):
     Wan's timestep is [B, S], one per token, under Wan 2.2 TI2V's expand_timesteps, and [B] (no tokens) otherwise."""
+    item: int | None = None
+    """Of a tuple or list input or output: split only this item, the others stay whole (Qwen-Image's rope returns
+    (image freqs, text freqs) and its text is held whole). None: every item alike."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,9 @@ class MaskedTail:
 
     streams: tuple[str, ...]
     tail: str
+    leading: bool = False
+    """The whole stream comes first in q/k/v ([tail, streams]: Qwen-Image's [text, image]); the attention reorders
+    the tokens to [streams, tail] (keys in any order give the same attention) and the output back."""
 
 
 @dataclass(frozen=True)

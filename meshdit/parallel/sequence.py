@@ -153,6 +153,18 @@ class _MaskedTailAttention:
                                       "without dropout or grouped K/V; run this model with ulysses/ring degree 1.")
         state = self.state
         head = sum(state.lens(s)[state.sp_rank] for s in self.plan.streams)  # this rank's split tokens
+        if self.plan.leading:  # [tail, streams] -> [streams, tail], and the output back
+            lead = query.shape[-2] - head
+            query, key, value = (x.roll(-lead, dims=2) for x in (query, key, value))
+            if attn_mask is not None:
+                attn_mask = attn_mask.roll(-lead, dims=-1)
+                if attn_mask.shape[-2] > 1:  # a query x key mask: its rows too
+                    attn_mask = attn_mask.roll(-lead, dims=-2)
+            return self._attend(query, key, value, attn_mask, scale, head).roll(lead, dims=2)
+        return self._attend(query, key, value, attn_mask, scale, head)
+
+    def _attend(self, query, key, value, attn_mask, scale, head: int):
+        state = self.state
         kept = self._kept(attn_mask, query.shape[0], head, query.shape[-2] - head)  # [B] tail tokens kept
         out = query.new_zeros(query.shape)  # [B, H, head + tail, D]; masked tail positions stay 0
         runs = [(b, b + 1) for b in range(len(kept))] if len(set(kept)) > 1 else [(0, len(kept))]
@@ -310,7 +322,7 @@ def _hook_transformer(transformer: torch.nn.Module, plan: SequencePlan, state: _
         if split.arg == OUTPUT:
             def split_output(_mod, _args, out, split=split):
                 if isinstance(out, (tuple, list)):  # e.g. Wan's rope returns (cos, sin), each [1, S, 1, D]
-                    return type(out)(_split(state, v, split) for v in out)
+                    return _split_items(out, split, state)
                 return _split(state, out, split)
             handles.append(module.register_forward_hook(split_output))
         else:
@@ -318,7 +330,7 @@ def _hook_transformer(transformer: torch.nn.Module, plan: SequencePlan, state: _
                 named = _named_inputs(mod, args, kwargs)
                 value = named.get(split.arg)
                 if isinstance(value, (tuple, list)):  # e.g. HunyuanDiT's rotary (cos, sin), each [S, D]
-                    named[split.arg] = type(value)(_split(state, v, split) for v in value)
+                    named[split.arg] = _split_items(value, split, state)
                 elif value is not None:
                     named[split.arg] = _split(state, value, split)
                 return (), named
@@ -349,6 +361,12 @@ def _hook_transformer(transformer: torch.nn.Module, plan: SequencePlan, state: _
         marked[id(active)] = module
         handles += route_during_forward(module, active)
     return handles + _guard_attention_seam(transformer, marked)
+
+
+def _split_items(values: tuple | list, split, state: _SequenceState):
+    """A tuple or list's tensors split alike, or only its `split.item` (the others kept whole)."""
+    return type(values)(_split(state, v, split) if split.item is None or i == split.item else v
+                        for i, v in enumerate(values))
 
 
 def _guard_attention_seam(transformer: torch.nn.Module, marked: dict) -> list:

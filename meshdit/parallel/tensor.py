@@ -268,10 +268,14 @@ def apply_tensor_parallel(transformer: nn.Module, plan: TensorPlan, stages: Stag
             if shard.style == GATHERED:
                 done.gathered[path] = shard.lens
             _shard_columns(linear, shard.keep)
+    from diffusers.models.attention_processor import Attention
+
     local_heads = head_split(heads, ranks)[rank]
     for path in {p.rsplit(".", 1)[0] for p, s in shards.items() if s.style == COLUMN}:
         owner = _attention_above(transformer, path)
         if owner is not None:
+            if isinstance(owner, Attention):  # its processors may read head_dim as inner_dim // heads (Qwen-Image's);
+                owner.inner_dim = local_heads * (owner.inner_dim // owner.heads)  # FLUX.2's own class cuts by inner_dim
             owner.heads = local_heads
     return done
 

@@ -79,7 +79,7 @@ class VaeDecodeSettings:
 IMAGE_VAE_CLASSES = ("AutoencoderKL", "AutoencoderKLFlux2")
 # The causal 3-D video VAEs (video_modules.py: band split; video_tiling.py: their own tiling).
 VIDEO_VAE_CLASSES = ("AutoencoderKLWan", "AutoencoderKLCogVideoX", "AutoencoderKLHunyuanVideo",
-                     "AutoencoderKLHunyuanVideo15", "AutoencoderKLLTXVideo")
+                     "AutoencoderKLHunyuanVideo15", "AutoencoderKLLTXVideo", "AutoencoderKLQwenImage")
 KNOWN_VAE_CLASSES = IMAGE_VAE_CLASSES + VIDEO_VAE_CLASSES
 KNOWN_UP_BLOCKS = ("UpDecoderBlock2D",)
 KNOWN_ACTIVATIONS = ("silu", "swish", "relu", "gelu", "mish")
@@ -119,6 +119,8 @@ def video_spatial_scale(vae_config: dict) -> int:
     cls = vae_config.get("_class_name")
     if cls == "AutoencoderKLWan":
         return int(vae_config.get("scale_factor_spatial", 8))
+    if cls == "AutoencoderKLQwenImage":   # Wan's VAE under Qwen-Image's names: 2x per downsampling
+        return 2 ** len(vae_config.get("temperal_downsample", (False, True, True)))
     if cls == "AutoencoderKLHunyuanVideo":
         return int(vae_config.get("spatial_compression_ratio", 8))
     if cls == "AutoencoderKLHunyuanVideo15":

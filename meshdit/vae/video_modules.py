@@ -1,6 +1,7 @@
 """What the band split knows about the causal 3-D video VAEs' own modules (diffusers 0.42.1).
 
-The video decoders (AutoencoderKLWan, -CogVideoX, -HunyuanVideo, -HunyuanVideo15, -LTXVideo) are built from the
+The video decoders (AutoencoderKLWan, -CogVideoX, -HunyuanVideo, -HunyuanVideo15, -LTXVideo, and Qwen-Image's
+AutoencoderKLQwenImage, Wan's VAE under its own class names, for one frame) are built from the
 same few kinds of parts as the image decoder, wrapped in their own classes:
 
 - causal 3-D convs: pad time on the past side only (zeros, replicated first frame, or frames
@@ -28,6 +29,8 @@ from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import (Hunyuan
                                                                          HunyuanVideo15CausalConv3d,
                                                                          HunyuanVideo15RMS_norm)
 from diffusers.models.autoencoders.autoencoder_kl_ltx import LTXVideoCausalConv3d, LTXVideoResnetBlock3d
+from diffusers.models.autoencoders.autoencoder_kl_qwenimage import (QwenImageAttentionBlock, QwenImageCausalConv3d,
+                                                                    QwenImageRMS_norm, QwenImageUpsample)
 from diffusers.models.autoencoders.autoencoder_kl_wan import (DupUp3D, WanAttentionBlock, WanCausalConv3d,
                                                               WanRMS_norm, WanUpsample)
 from diffusers.models.embeddings import PixArtAlphaCombinedTimestepSizeEmbeddings
@@ -58,7 +61,7 @@ def _check(module: nn.Module, conv: nn.Conv3d, h_pad: int) -> int:
 
 def causal_conv(module: nn.Module) -> CausalConv | None:
     """The CausalConv of a video VAE's causal conv wrapper; None for any other module."""
-    if isinstance(module, WanCausalConv3d):        # an nn.Conv3d that F.pads itself: (w, w, h, h, 2t, 0)
+    if isinstance(module, (WanCausalConv3d, QwenImageCausalConv3d)):  # an nn.Conv3d that F.pads itself
         return CausalConv(_check(module, module, module._padding[2]), "cache_x", False)
     if isinstance(module, CogVideoXCausalConv3d):  # inner conv pads H (constant mode) or F.pad replicate does
         pad = module.time_causal_padding[2] if module.pad_mode == "replicate" else module.conv.padding[1]
@@ -74,7 +77,7 @@ def causal_conv(module: nn.Module) -> CausalConv | None:
 
 def runs_gathered(module: nn.Module) -> bool:
     """Modules that need whole frames (attention): run on the gathered latent, each rank keeps its rows."""
-    if isinstance(module, (WanAttentionBlock, HunyuanVideo15AttnBlock)):
+    if isinstance(module, (WanAttentionBlock, QwenImageAttentionBlock, HunyuanVideo15AttnBlock)):
         return True
     # Its forward builds the causal attention mask from the height it sees: the whole block runs gathered.
     return isinstance(module, HunyuanVideoMidBlock3D) and any(a is not None for a in module.attentions)
@@ -87,9 +90,9 @@ def is_conditioning(module: nn.Module) -> bool:
 
 def is_row_local(module: nn.Module) -> bool:
     """Video leaves whose every output row comes from input rows of the same band (known usage only)."""
-    if isinstance(module, (WanRMS_norm, HunyuanVideo15RMS_norm)):
+    if isinstance(module, (WanRMS_norm, QwenImageRMS_norm, HunyuanVideo15RMS_norm)):
         return module.channel_first                   # F.normalize over channels, per pixel
-    if isinstance(module, WanUpsample):
+    if isinstance(module, (WanUpsample, QwenImageUpsample)):
         factors = module.scale_factor if isinstance(module.scale_factor, tuple) else (module.scale_factor,) * 2
         return module.mode in ("nearest", "nearest-exact") and all(float(f).is_integer() for f in factors)
     # DupUp3D: channels to 2x2 pixel blocks; RMSNorm / LayerNorm: LTX applies them over channels (movedim(1, -1)).

@@ -32,7 +32,7 @@ def assert_no_whole_block(results, ref, bound=0.55):
             assert held <= bound * whole, f"rank {rank} block {i}: holds {held} of the block's {whole} bytes"
 
 
-@pytest.mark.parametrize("name", ["flux", "flux2", "sd35", "sd3", "pixart-sigma", "chroma"])
+@pytest.mark.parametrize("name", ["flux", "flux2", "sd35", "sd3", "pixart-sigma", "chroma", "qwenimage"])
 def test_tp2_equals_serial(run_ranks, name):
     results = run_ranks(2, tensor_jobs.run, name, dict(tensor_parallel_degree=2), *SIZE)
     assert_exact(results, reference(name))
