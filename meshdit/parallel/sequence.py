@@ -25,6 +25,7 @@ from ..distributed.comm import all_gather_uneven, group_rank, group_size, split_
 from ..distributed.mesh import ParallelMesh
 from ..errors import ConfigError
 from .plan import LOCAL, OUTPUT, MaskedTail, NotSdpa, SequencePlan
+from .row_halo import apply_row_halo
 
 
 def sequence_groups(mesh: ParallelMesh) -> SequenceGroups:
@@ -43,9 +44,13 @@ class _SequenceState:
     stream_lens: dict[str, list[int]] = field(default_factory=dict)
     """Per-SP-rank token counts of each stream, recorded when the stream is split."""
     full_lens: dict[str, int] = field(default_factory=dict)
-    """Whole-image token count of each stream, before any patching."""
+    """Whole-image token count of each stream, before any patching (rows for a Split.rows stream)."""
+    row_width: dict[str, int] = field(default_factory=dict)
+    """Tokens per row of each Split.rows stream (its lengths are in rows)."""
     patch: tuple[int, int] | None = None
     """PipeFusion: the image tokens [start, stop) this forward computes (None: all of them)."""
+    patch_windows: tuple[tuple[int, int], ...] = ()
+    """PipeFusion: every patch's token window, in order (set by its loop; state kept per patch reads it)."""
     stale_kv: object = None
     """PipeFusion: the per-layer K/V buffers attention reads from (None: plain sequence parallelism)."""
     backend: object = None
@@ -76,12 +81,14 @@ class _SequenceState:
         finally:
             self.patch = None
 
-    def split(self, x: torch.Tensor, dim: int, stream: str, table: bool = False) -> torch.Tensor:
+    def split(self, x: torch.Tensor, dim: int, stream: str, table: bool = False, rows: bool = False) -> torch.Tensor:
         if table and x.shape[dim] == 1:  # one row the model broadcasts over every token (Split.table)
             return x
         self.full_lens[stream] = x.shape[dim]
+        if rows:  # Split.rows: dim holds token rows of x's [..., rows, columns] grid
+            self.row_width[stream] = x.shape[-1]
         if self.patch is not None and stream == self.PATCHED_STREAM:
-            start, stop = self.patch
+            start, stop = self._window(stream)
             x = x.narrow(dim, start, stop - start)
         self.stream_lens[stream] = split_sizes(x.shape[dim], self.sp_size)
         return x.tensor_split(self.sp_size, dim=dim)[self.sp_rank]
@@ -90,13 +97,24 @@ class _SequenceState:
         x = all_gather_uneven(x, dim, self.lens(stream), self.sp_group)
         if self.patch is not None and stream == self.PATCHED_STREAM:
             # the model's own unpatchify needs every token: the patch goes into zeros
-            start, stop = self.patch
+            start, stop = self._window(stream)
             shape = list(x.shape)
             shape[dim] = self.full_lens[stream]
             full = x.new_zeros(shape)
             full.narrow(dim, start, stop - start).copy_(x)
             x = full
         return x
+
+    def _window(self, stream: str) -> tuple[int, int]:
+        """The patch window in the stream's units: tokens, or rows for a Split.rows stream."""
+        start, stop = self.patch
+        width = self.row_width.get(stream)
+        return (start, stop) if width is None else (start // width, stop // width)
+
+    def token_lens(self, stream: str) -> list[int]:
+        """Per-SP-rank token counts of `stream` (its lens, times the row width for a Split.rows stream)."""
+        width = self.row_width.get(stream, 1)
+        return [n * width for n in self.lens(stream)]
 
     def lens(self, stream: str) -> list[int]:
         if stream not in self.stream_lens:
@@ -242,24 +260,29 @@ def _hook_transformer(transformer: torch.nn.Module, plan: SequencePlan, state: _
         if split.arg == OUTPUT:
             def split_output(_mod, _args, out, split=split):
                 if isinstance(out, (tuple, list)):  # e.g. Wan's rope returns (cos, sin), each [1, S, 1, D]
-                    return type(out)(state.split(v, split.dim, split.stream, split.table) for v in out)
-                return state.split(out, split.dim, split.stream, split.table)
+                    return type(out)(state.split(v, split.dim, split.stream, split.table, split.rows) for v in out)
+                return state.split(out, split.dim, split.stream, split.table, split.rows)
             handles.append(module.register_forward_hook(split_output))
         else:
             def split_input(mod, args, kwargs, split=split):
                 named = _named_inputs(mod, args, kwargs)
                 value = named.get(split.arg)
                 if isinstance(value, (tuple, list)):  # e.g. HunyuanDiT's rotary (cos, sin), each [S, D]
-                    named[split.arg] = type(value)(state.split(v, split.dim, split.stream, split.table)
+                    named[split.arg] = type(value)(state.split(v, split.dim, split.stream, split.table, split.rows)
                                                    for v in value)
                 elif value is not None:
-                    named[split.arg] = state.split(value, split.dim, split.stream, split.table)
+                    named[split.arg] = state.split(value, split.dim, split.stream, split.table, split.rows)
                 return (), named
             handles.append(module.register_forward_pre_hook(split_input, with_kwargs=True))
 
     for gather in plan.gathers:
         def gather_output(_mod, _args, out, gather=gather):
-            return state.gather(out, gather.dim, gather.stream)
+            if isinstance(out, torch.Tensor):
+                return state.gather(out, gather.dim, gather.stream)
+            if isinstance(out, tuple):  # the transformer's own output (return_dict=False): its first tensor
+                return (state.gather(out[0], gather.dim, gather.stream), *out[1:])
+            out.sample = state.gather(out.sample, gather.dim, gather.stream)  # a diffusers ModelOutput
+            return out
         handles.append(_find(modules, gather.module).register_forward_hook(gather_output))
 
     marked = {}  # id(handler) -> attention module, of the modules that must reach the router
@@ -270,8 +293,10 @@ def _hook_transformer(transformer: torch.nn.Module, plan: SequencePlan, state: _
         if streams == LOCAL:
             continue
         if isinstance(streams, NotSdpa):  # made sequence-parallel by its own exchange; SDPA would be wrong there
-            handles += route_during_forward(module, _SdpaNotExpected(prefix + name), guarded=False)
-            handles += streams.exchange(module, state, prefix + name)
+            refusal = _SdpaNotExpected(prefix + name)
+            marked[id(refusal)] = module  # guarded: its exchange must note that it ran (router.note_exchanged)
+            handles += route_during_forward(module, refusal)
+            handles += streams.exchange(module, state, prefix + name, streams.streams)
             continue
         if isinstance(streams, MaskedTail):
             active = _MaskedTailAttention(state, streams, prefix + name)
@@ -279,6 +304,8 @@ def _hook_transformer(transformer: torch.nn.Module, plan: SequencePlan, state: _
             active = _ActiveAttention(state, tuple(streams), prefix + name)
         marked[id(active)] = module
         handles += route_during_forward(module, active)
+    for halo in plan.halos:
+        handles += apply_row_halo(modules, halo, state, prefix)
     return handles + _guard_attention_seam(transformer, marked)
 
 
@@ -292,6 +319,13 @@ def _guard_attention_seam(transformer: torch.nn.Module, marked: dict) -> list:
 
     def check(_mod, _args, _out):
         missing = unreached()
+        bypassed = [h for h in missing if isinstance(h, _SdpaNotExpected)]
+        if bypassed:
+            names = "; ".join(f"{h.module_name} ({type(marked[id(h)].processor).__name__})" for h in bypassed)
+            raise ConfigError(
+                f"attention module {names} ran without its sequence-parallel exchange (the plan marks it NotSdpa), "
+                "so it attended over this rank's tokens only: give it the processor its exchange is written for, "
+                "or run with --ulysses-degree, --ring-degree and --pipefusion-parallel-degree 1.")
         if missing:
             names = "; ".join(f"{h.module_name} ({type(marked[id(h)].processor).__name__})" if id(h) in marked
                               else h.module_name for h in missing)
