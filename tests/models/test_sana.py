@@ -1,6 +1,7 @@
 """SANA beyond the parametrised family tests: its linear attention goes through the K.V-summary exchange (never
 SDPA), the Mix-FFN conv needs its halo rows, the seam guard catches an exchange that does nothing, and the
 refusals before ranks start."""
+import numpy as np
 import pytest
 import torch
 
@@ -102,3 +103,15 @@ def test_pipefusion_stale_state_as_fresh_gives_the_whole_image(run_ranks):
     assert results
     for patched, whole in results:
         assert _close(patched, whole)
+
+
+@pytest.mark.parametrize("other", [dict(ulysses_degree=2), dict(ring_degree=2), dict(cfg_degree=2)],
+                         ids=["u2", "r2", "cfg2"])
+def test_pipefusion_hybrids_with_full_warmup_equal_serial(run_ranks, other):
+    """PipeFusion 2 with SP or CFG inside, full warmup: bands of rows per stage, exact (36 x 44: 9 token rows)."""
+    from tests.parallel import sp_jobs
+
+    ref = sp_jobs.generate_fresh("sana-4blocks", {}, *sana_jobs.SIZE, steps=3)[0]
+    degrees = dict(pipefusion_parallel_degree=2, warmup_steps=3, num_pipeline_patch=2, **other)
+    for image, _, _ in run_ranks(4, sp_jobs.generate_fresh, "sana-4blocks", degrees, *sana_jobs.SIZE, steps=3):
+        assert np.abs(image - ref).max() <= 1e-5 * np.abs(ref).max()
