@@ -56,7 +56,8 @@ class _HaloHooks:
             raise RuntimeError(f"{self.name}: every SP rank needs {n} rows of {self.halo.stream!r}, got {lens} "
                                "(models/info.py should have refused this layout)")
         stale = state.stale_kv
-        if stale is not None and (stale.keep or self._window()[1] - self._window()[0] < self._full()):
+        start, stop = self._window()
+        if stale is not None and (stale.keep or stop - start < self._full()):  # PipeFusion keeps or reads rows
             extended, above, below = self._from_stale(x, lens)
         else:
             first, last = state.sp_rank == 0, state.sp_rank == state.sp_size - 1
@@ -78,7 +79,7 @@ class _HaloHooks:
     def _window(self) -> tuple[int, int]:
         """The rows this forward computes (a PipeFusion patch, or the whole image)."""
         state = self.state
-        return state._window(self.halo.stream) if state.patch is not None else (0, self._full())
+        return state.window(self.halo.stream) if state.patch is not None else (0, self._full())
 
     def _from_stale(self, x, lens):
         """PipeFusion: this rank's band with n rows either side, read from the whole image's input as last

@@ -88,7 +88,7 @@ class _SequenceState:
         if rows:  # Split.rows: dim holds token rows of x's [..., rows, columns] grid
             self.row_width[stream] = x.shape[-1]
         if self.patch is not None and stream == self.PATCHED_STREAM:
-            start, stop = self._window(stream)
+            start, stop = self.window(stream)
             x = x.narrow(dim, start, stop - start)
         self.stream_lens[stream] = split_sizes(x.shape[dim], self.sp_size)
         return x.tensor_split(self.sp_size, dim=dim)[self.sp_rank]
@@ -97,7 +97,7 @@ class _SequenceState:
         x = all_gather_uneven(x, dim, self.lens(stream), self.sp_group)
         if self.patch is not None and stream == self.PATCHED_STREAM:
             # the model's own unpatchify needs every token: the patch goes into zeros
-            start, stop = self._window(stream)
+            start, stop = self.window(stream)
             shape = list(x.shape)
             shape[dim] = self.full_lens[stream]
             full = x.new_zeros(shape)
@@ -105,8 +105,8 @@ class _SequenceState:
             x = full
         return x
 
-    def _window(self, stream: str) -> tuple[int, int]:
-        """The patch window in the stream's units: tokens, or rows for a Split.rows stream."""
+    def window(self, stream: str) -> tuple[int, int]:
+        """The PipeFusion patch window in the stream's units: tokens, or rows for a Split.rows stream."""
         start, stop = self.patch
         width = self.row_width.get(stream)
         return (start, stop) if width is None else (start // width, stop // width)
