@@ -43,13 +43,14 @@ def make_plan(info: ModelInfo, costs: ModelCosts, request: GenerateRequest, worl
     image. fixed: {axis: degree} every layout keeps (the degrees a user gave beside --layout auto)."""
     request = request.with_defaults(info.request_defaults())
     info.check_request(ParallelConfig(), request)  # what no layout can fix (size, frames) is refused as generate does
-    layouts = legal_layouts(info, request, world.size, fp8_options=fp8_options)
+    layouts = legal_layouts(info, request, world.size, fp8_options=fp8_options, parallel_vae=costs.vae_splits)
     if fixed:
         layouts = [layout for layout in layouts if all(layout.degree(a) == d for a, d in fixed.items())]
     rows = [predict(layout, costs, world, request) for layout in layouts]
     # variants that hold less, listed only where the plain one does not fit: a tiled decode (bounded error),
     # the text encoders on the host (--text-encoder-device cpu), both
-    for change in ({"vae": "tiled"}, {"text_on_cpu": True}, {"vae": "tiled", "text_on_cpu": True}):
+    changes = ({"vae": "tiled"}, {"text_on_cpu": True}, {"vae": "tiled", "text_on_cpu": True})
+    for change in changes if costs.vae_splits else changes[1:2]:  # a VAE meshdit cannot split is never tiled
         rows += [predict(replace(r.layout, **change), costs, world, request) for r in list(rows)
                  if not r.fits and (r.layout.vae == "plain" or "vae" not in change) and not r.layout.text_on_cpu
                  and ((r.memory.text and not world.shares_host_memory) or "text_on_cpu" not in change)]

@@ -115,3 +115,20 @@ def test_pipefusion_hybrids_with_full_warmup_equal_serial(run_ranks, other):
     degrees = dict(pipefusion_parallel_degree=2, warmup_steps=3, num_pipeline_patch=2, **other)
     for image, _, _ in run_ranks(4, sp_jobs.generate_fresh, "sana-4blocks", degrees, *sana_jobs.SIZE, steps=3):
         assert np.abs(image - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_planner_costs_linear_attention_and_never_splits_the_dc_ae(tmp_path):
+    """meshdit plan on SANA: self-attention FLOPs grow with the tokens, not their square; no layout decodes with
+    --use-parallel-vae or tiles (refused for the DC-AE)."""
+    from meshdit.config import GenerateRequest
+    from meshdit.planner.choose import load_model, make_plan
+    from meshdit.planner.hardware import world_from
+    from meshdit.testing.save_tiny import main as save_tiny
+
+    save_tiny(["sana", str(tmp_path / "sana")])
+    _, _, costs = load_model(str(tmp_path / "sana"))
+    one, four = (costs.step_flops(n, 6, 1)[1] for n in (99, 396))
+    assert four == pytest.approx(4 * one, rel=0.05)  # cross-attention to 6 text tokens and the summary: linear
+    plan = make_plan(costs.info, costs, GenerateRequest(prompt=["a cat"], height=36, width=44),
+                     world_from("h100-sxm", 4, 1))
+    assert plan.rows and all(row.layout.vae == "plain" for row in plan.rows)
