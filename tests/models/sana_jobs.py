@@ -115,6 +115,7 @@ def patches_over_unchanged_latents(patches: int = 3):
                 with stale.for_branch(COND), seq.patch_window(r0 * cols, r1 * cols):
                     parts.append(pipe.transformer(**inputs, return_dict=False)[0][:, :, r0:r1])
             stale.reset()
+            parallel.pipefusion.channel.finish()  # stage 0's sends complete before its engine closes
         if not parallel.pipefusion.is_last:
             return None
         return torch.cat(parts, dim=2), whole
