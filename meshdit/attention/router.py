@@ -10,7 +10,8 @@ The seam guard: sequence parallelism is right only if a marked module's attentio
 A processor that computes attention another way (explicit matmuls, linear attention) would attend over
 this rank's shard alone. `route_during_forward` records every marked module that runs and the router
 records every one whose call arrives; `unreached()` returns those that ran without arriving (the
-sequence hooks check it after each transformer forward).
+sequence hooks check it after each transformer forward). A module that attends without SDPA (plan word
+NotSdpa: SANA's linear attention) reaches it through `note_exchanged()`, called by its exchange.
 """
 from __future__ import annotations
 
@@ -107,6 +108,15 @@ def unreached() -> list:
     HANDLER.ran.clear()
     HANDLER.reached.clear()
     return missing
+
+
+@torch.compiler.disable  # beside the exchange's collectives, which run eagerly
+def note_exchanged() -> None:
+    """Called by a NotSdpa module's exchange while the module runs: its attention went the sequence-parallel
+    way, as a routed SDPA call does for the other marked modules (the seam guard's record)."""
+    handler = HANDLER.get()
+    if handler is not None:
+        HANDLER.reached.add(id(handler))
 
 
 def apply_attention_backend(transformer: torch.nn.Module, backend) -> list:

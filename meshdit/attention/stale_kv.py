@@ -31,7 +31,8 @@ class StaleKV:
         self.fp8_format = fp8_format  # None: buffers in the working dtype; else Fp8KVBuffers of this format
         self._branch: str | None = None
         self.buffers: dict = {}  # (layer, branch) -> (K, V): [B, H/U, all streams' tokens, D] (tensors, or
-        # Fp8KVBuffers of that shape), streams in order
+        # Fp8KVBuffers of that shape), streams in order; other stale state kept per layer and branch (a RowHalo's
+        # rows, linear attention's K.V summaries) under keys of its own, as tuples of tensors
         self.drift_correction = True
         """Whether the stale values are shifted by the drift the fresh patch measured (_shift_stale_values)."""
         self.keep = True
@@ -41,6 +42,11 @@ class StaleKV:
     def reset(self) -> None:
         self.buffers.clear()
         self.keep = True
+
+    @property
+    def branch(self) -> str | None:
+        """The guidance branch whose forward runs now (state kept per branch is keyed by it)."""
+        return self._branch
 
     @contextmanager
     def for_branch(self, branch: str):

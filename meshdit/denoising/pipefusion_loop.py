@@ -43,6 +43,7 @@ def _patch_pipeline(recipe: Recipe, state: DenoiseState, pf, sequence_state, cfg
     sizes = split_sizes(rows, num_patches)
     patches = [(sum(sizes[:p]), sum(sizes[:p + 1])) for p in range(num_patches)]
     whole = [(0, rows)]
+    sequence_state.patch_windows = tuple((row0 * cols, row1 * cols) for row0, row1 in patches)  # in tokens
     steps = len(state.timesteps)
 
     def items(step: int) -> list[tuple[int, int]]:

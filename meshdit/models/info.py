@@ -98,9 +98,11 @@ class ModelInfo:
 
             vae_scale, temporal = video_spatial_scale(vae), video_temporal_scale(vae, family.vae_temporal_factor_key)
         else:
-            vae_scale = vae.get("scale_factor_spatial") or (  # Qwen-Image's causal 3-D VAE: its downsamplings
-                2 ** len(vae["temperal_downsample"]) if "temperal_downsample" in vae
-                else 2 ** (len(vae.get("block_out_channels", [0] * 4)) - 1))
+            # AutoencoderDC (SANA) names its levels encoder_block_out_channels; Qwen-Image's causal 3-D VAE counts
+            # its downsamplings in temperal_downsample
+            levels = vae.get("block_out_channels") or vae.get("encoder_block_out_channels") or [0] * 4
+            vae_scale = vae.get("scale_factor_spatial") or (
+                2 ** len(vae["temperal_downsample"]) if "temperal_downsample" in vae else 2 ** (len(levels) - 1))
             temporal = None
         scheduler = index.get("scheduler")  # ["diffusers", "DDPMScheduler"]
         scheduler_class = scheduler[1] if isinstance(scheduler, list) and len(scheduler) == 2 else ""
@@ -307,6 +309,11 @@ class ModelInfo:
             raise ConfigError(
                 f"{height}x{width} gives {tokens} image tokens, fewer than the {config.sp_degree} sequence-parallel "
                 "ranks: raise the resolution or lower --ulysses-degree / --ring-degree.")
+        if self.family.sequence_rows and height // multiple < config.sp_degree:
+            raise ConfigError(
+                f"{height}x{width} gives {height // multiple} rows of image tokens, fewer than the {config.sp_degree} "
+                f"sequence-parallel ranks ({self.pipeline_class} splits the image by whole rows): use --height >= "
+                f"{config.sp_degree * multiple} or lower --ulysses-degree / --ring-degree.")
         # a video's token rows run through every frame (frames x height rows of width tokens; recipe.token_grid)
         self._check_pipefusion(config, patches or config.pipefusion_parallel_degree, frames * (height // multiple),
                                width // multiple)
@@ -357,6 +364,12 @@ class ModelInfo:
             raise ConfigError(
                 f"ulysses degree {config.ulysses_degree} exceeds the model's {heads} attention heads{held}: "
                 f"use --ulysses-degree <= {heads} and put the rest into --ring-degree.")
+        patch = self.transformer_config.get("patch_size", 1)
+        if self.family.sequence_rows and patch != 1 and config.sp_degree * config.pipefusion_parallel_degree > 1:
+            raise ConfigError(
+                f"this {self.pipeline_class} has patch size {patch}; meshdit splits its latent rows as token rows "
+                "(patch size 1, every released SANA): run with --ulysses-degree, --ring-degree and "
+                "--pipefusion-parallel-degree 1.")
         blocks = self.family.num_blocks(self.transformer_config)
         if config.pipefusion_parallel_degree > blocks:
             raise ConfigError(f"PipeFusion degree {config.pipefusion_parallel_degree} needs a block per stage, but "
@@ -384,6 +397,11 @@ class ModelInfo:
             raise ConfigError(
                 f"--num-pipeline-patch {patches} exceeds the {token_rows} rows of image tokens at this height: "
                 f"use at most {token_rows} patches, or a larger --height.")
+        if self.family.sequence_rows and token_rows // patches < config.sp_degree:
+            raise ConfigError(
+                f"the smallest of {patches} patches has {token_rows // patches} rows of image tokens, fewer than the "
+                f"{config.sp_degree} sequence-parallel ranks ({self.pipeline_class} splits by whole rows): use fewer "
+                "--num-pipeline-patch or a larger --height.")
         if token_rows // patches * token_cols < config.sp_degree:
             raise ConfigError(
                 f"the smallest of {patches} patches has fewer image tokens than the {config.sp_degree} "

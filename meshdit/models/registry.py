@@ -96,6 +96,9 @@ class ModelFamily:
     """transformer/config.json keys that, when set (not null, not false), name a variant the plan does not
     cover -> why (CogVideoX 1.5's patch_size_t); a (key, value) pair: when the key holds that value (HunyuanVideo
     I2V's image_condition_type "token_replace")."""
+    sequence_rows: bool = False
+    """The sequence splits into bands of whole token rows (its plan's Split.rows: SANA's Mix-FFN conv sees a band of
+    the grid): every SP rank, and every SP rank of each PipeFusion patch, needs a row; its patch size must be 1."""
     call_arguments: tuple[str, ...] = ()
     """Pipeline __call__ arguments without a flag of their own that the recipe takes from GenerateRequest.extra
     (`--extra KEY=JSON`; tests/models/test_call_arguments.py checks each is one of __call__'s)."""
@@ -210,6 +213,12 @@ FAMILIES = (
                 packed=False, default_steps=50, default_guidance=5.0, default_max_sequence_length=256,
                 max_sequence_length_fixed=True,
                 tensor_parallel=True, tiny_module="meshdit.models.tiny.hunyuandit"),
+    # SANA: linear self-attention (its K.V summary exchanged), Gemma text through cross-attention, latents split
+    # by whole rows for the Mix-FFN's 3x3 conv; defaults are SanaPipeline.__call__'s (1024 px from sample_size 32
+    # and the DC-AE's factor 32).
+    ModelFamily("sana", "SanaTransformer2DModel", ("SanaPipeline",), "meshdit.models.sana", packed=False,
+                default_steps=20, default_guidance=4.5, default_max_sequence_length=300, sequence_rows=True,
+                call_arguments=("complex_human_instruction",), tiny_module="meshdit.models.tiny.sana"),
     # Wan 2.1 / 2.2 (a WanPipeline with transformer_2 and boundary_ratio: two experts; Wan 2.2 TI2V-5B:
     # expand_timesteps, a timestep per token, split with the tokens). UMT5 text goes in through cross-attention
     # only, so any text length works; defaults are WanPipeline.__call__'s and its examples' fps.

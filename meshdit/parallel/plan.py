@@ -35,6 +35,11 @@ class Split:
     item: int | None = None
     """Of a tuple or list input or output: split only this item, the others stay whole (Qwen-Image's rope returns
     (image freqs, text freqs) and its text is held whole). None: every item alike."""
+    rows: bool = False
+    """`dim` holds the token rows of a [..., rows, columns] latent grid (one token per latent pixel: patch size 1),
+    split into bands of whole rows, so grid-shaped work inside the model (SANA's 3x3 conv, with a RowHalo) sees a
+    band and the model reads its height from the band. The stream's lengths are then kept in rows (its tokens:
+    `token_lens`); a PipeFusion patch window (in tokens) is converted to rows."""
 
 
 @dataclass(frozen=True)
@@ -75,21 +80,37 @@ class NotSdpa:
     phi(K)^T V [B, H, D, D] and the key sum phi(K)^T 1 [B, H, D], summed over tokens, so what travels is an
     all-reduce of a fixed-size summary, not the K/V sequence.
 
-    `exchange(module, state, path) -> hook handles` is called by the sequence hooks for every attention module
-    the glob matches (`state`: the hooks' sequence state, with the SP group, the streams' per-rank lengths and,
+    `exchange(module, state, path, streams) -> hook handles` is called by the sequence hooks for every attention
+    module the glob matches (`state`: the hooks' sequence state, with the SP group, the streams' per-rank lengths and,
     under PipeFusion, the patch window, whose stale summary the exchange must then keep or refuse). The seam
-    guard expects such a module NOT to reach the router: if it calls torch's SDPA anyway, the run stops naming
-    it (that call would attend over this rank's shard only). No family uses it yet."""
+    guard expects such a module NOT to call torch's SDPA (the run stops naming it: that call would attend over
+    this rank's shard only) but to pass through its exchange: whatever the exchange installs calls
+    `attention.router.note_exchanged()` while the module runs, else the guard stops the run naming the module.
+    SANA's linear attention uses it (attention/linear.py)."""
 
     streams: tuple[str, ...]
     exchange: Callable
 
 
 @dataclass(frozen=True)
+class RowHalo:
+    """A module (glob) over a rows-split stream's grid [B, C, rows, W] whose output row i reads input rows
+    i - `rows` .. i + `rows` (zeros beyond the image: a conv's padding) and is otherwise per pixel (SANA's Mix-FFN:
+    1x1 conv, depthwise 3x3 conv, 1x1 conv). The sequence hooks give each rank's band its neighbours' `rows` rows
+    before the module (comm.exchange_with_neighbours over the SP group) and trim them off its output, so every
+    band equals its rows of the whole image. Under PipeFusion the rows beyond a patch are the module's input as
+    last computed (kept per layer and branch, like stale K/V): exact with full warmup."""
+
+    module: str
+    stream: str
+    rows: int = 1
+
+
+@dataclass(frozen=True)
 class Gather:
     """Reassemble a module's output (sharded as `stream`) on every SP rank."""
 
-    module: str
+    module: str  # "" gathers the transformer's own output (its first tensor where it returns a tuple)
     dim: int
     stream: str
 
@@ -103,6 +124,7 @@ class SequencePlan:
     concatenates (any order), LOCAL, a MaskedTail, a TokenMask, or NotSdpa. First match wins; every attention module
     in the transformer must match one glob. Every module given streams, a MaskedTail or a TokenMask must call torch's
     SDPA whenever it runs (the router checks it on every forward); one that attends another way is NotSdpa."""
+    halos: tuple[RowHalo, ...] = ()
 
 
 @dataclass(frozen=True)

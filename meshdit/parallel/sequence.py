@@ -25,6 +25,7 @@ from ..distributed.comm import all_gather_uneven, group_rank, group_size, split_
 from ..distributed.mesh import ParallelMesh
 from ..errors import ConfigError
 from .plan import LOCAL, OUTPUT, MaskedTail, NotSdpa, SequencePlan, Split, TokenMask
+from .row_halo import apply_row_halo
 
 
 def sequence_groups(mesh: ParallelMesh) -> SequenceGroups:
@@ -43,9 +44,13 @@ class _SequenceState:
     stream_lens: dict[str, list[int]] = field(default_factory=dict)
     """Per-SP-rank token counts of each stream, recorded when the stream is split."""
     full_lens: dict[str, int] = field(default_factory=dict)
-    """Whole-image token count of each stream, before any patching."""
+    """Whole-image token count of each stream, before any patching (rows for a Split.rows stream)."""
+    row_width: dict[str, int] = field(default_factory=dict)
+    """Tokens per row of each Split.rows stream (its lengths are in rows)."""
     patch: tuple[int, int] | None = None
     """PipeFusion: the image tokens [start, stop) this forward computes (None: all of them)."""
+    patch_windows: tuple[tuple[int, int], ...] = ()
+    """PipeFusion: every patch's token window, in order (set by its loop; state kept per patch reads it)."""
     stale_kv: object = None
     """PipeFusion: the per-layer K/V buffers attention reads from (None: plain sequence parallelism)."""
     backend: object = None
@@ -77,15 +82,16 @@ class _SequenceState:
         finally:
             self.patch = None
 
-    def split(self, x: torch.Tensor, dim: int, stream: str, table: bool = False) -> torch.Tensor:
+    def split(self, x: torch.Tensor, dim: int, stream: str, table: bool = False, rows: bool = False) -> torch.Tensor:
         if table and x.shape[dim] == 1:  # one row the model broadcasts over every token (Split.table)
             return x
         self.full_lens[stream] = x.shape[dim]
+        if rows:  # Split.rows: dim holds token rows of x's [..., rows, columns] grid
+            self.row_width[stream] = x.shape[-1]
         if self.patch is not None and stream == self.PATCHED_STREAM:
-            start, stop = self.patch
-            if stop is None:
-                stop = x.shape[dim]
-                self.patch = (start, stop)
+            if self.patch[1] is None:  # the last patch runs to the stream's end (tokens after the grid)
+                self.patch = (self.patch[0], x.shape[dim] * self.row_width.get(stream, 1))
+            start, stop = self.window(stream)
             x = x.narrow(dim, start, stop - start)
         self.stream_lens[stream] = split_sizes(x.shape[dim], self.sp_size)
         return x.tensor_split(self.sp_size, dim=dim)[self.sp_rank]
@@ -94,13 +100,24 @@ class _SequenceState:
         x = all_gather_uneven(x, dim, self.lens(stream), self.sp_group)
         if self.patch is not None and stream == self.PATCHED_STREAM:
             # the model's own unpatchify needs every token: the patch goes into zeros
-            start, stop = self.patch
+            start, stop = self.window(stream)
             shape = list(x.shape)
             shape[dim] = self.full_lens[stream]
             full = x.new_zeros(shape)
             full.narrow(dim, start, stop - start).copy_(x)
             x = full
         return x
+
+    def window(self, stream: str) -> tuple[int, int]:
+        """The PipeFusion patch window in the stream's units: tokens, or rows for a Split.rows stream."""
+        start, stop = self.patch
+        width = self.row_width.get(stream)
+        return (start, stop) if width is None else (start // width, stop // width)
+
+    def token_lens(self, stream: str) -> list[int]:
+        """Per-SP-rank token counts of `stream` (its lens, times the row width for a Split.rows stream)."""
+        width = self.row_width.get(stream, 1)
+        return [n * width for n in self.lens(stream)]
 
     def lens(self, stream: str) -> list[int]:
         if stream not in self.stream_lens:
@@ -309,7 +326,7 @@ def apply_sequence_parallel(transformers: torch.nn.Module | list[torch.nn.Module
 def _split(state: _SequenceState, x: torch.Tensor, split: Split) -> torch.Tensor:
     if split.expected_dims is not None and x.dim() != split.expected_dims:  # no tokens in this form
         return x
-    return state.split(x, split.dim, split.stream, split.table)
+    return state.split(x, split.dim, split.stream, split.table, split.rows)
 
 
 def _hook_transformer(transformer: torch.nn.Module, plan: SequencePlan, state: _SequenceState,
@@ -338,7 +355,12 @@ def _hook_transformer(transformer: torch.nn.Module, plan: SequencePlan, state: _
 
     for gather in plan.gathers:
         def gather_output(_mod, _args, out, gather=gather):
-            return state.gather(out, gather.dim, gather.stream)
+            if isinstance(out, torch.Tensor):
+                return state.gather(out, gather.dim, gather.stream)
+            if isinstance(out, tuple):  # the transformer's own output (return_dict=False): its first tensor
+                return (state.gather(out[0], gather.dim, gather.stream), *out[1:])
+            out.sample = state.gather(out.sample, gather.dim, gather.stream)  # a diffusers ModelOutput
+            return out
         handles.append(_find(modules, gather.module).register_forward_hook(gather_output))
 
     marked = {}  # id(handler) -> attention module, of the modules that must reach the router
@@ -349,8 +371,10 @@ def _hook_transformer(transformer: torch.nn.Module, plan: SequencePlan, state: _
         if streams == LOCAL:
             continue
         if isinstance(streams, NotSdpa):  # made sequence-parallel by its own exchange; SDPA would be wrong there
-            handles += route_during_forward(module, _SdpaNotExpected(prefix + name), guarded=False)
-            handles += streams.exchange(module, state, prefix + name)
+            refusal = _SdpaNotExpected(prefix + name)
+            marked[id(refusal)] = module  # guarded: its exchange must note that it ran (router.note_exchanged)
+            handles += route_during_forward(module, refusal)
+            handles += streams.exchange(module, state, prefix + name, streams.streams)
             continue
         if isinstance(streams, MaskedTail):
             active = _MaskedTailAttention(state, streams, prefix + name)
@@ -360,6 +384,8 @@ def _hook_transformer(transformer: torch.nn.Module, plan: SequencePlan, state: _
             active = _ActiveAttention(state, tuple(streams), prefix + name)
         marked[id(active)] = module
         handles += route_during_forward(module, active)
+    for halo in plan.halos:
+        handles += apply_row_halo(modules, halo, state, prefix)
     return handles + _guard_attention_seam(transformer, marked)
 
 
@@ -379,6 +405,13 @@ def _guard_attention_seam(transformer: torch.nn.Module, marked: dict) -> list:
 
     def check(_mod, _args, _out):
         missing = unreached()
+        bypassed = [h for h in missing if isinstance(h, _SdpaNotExpected)]
+        if bypassed:
+            names = "; ".join(f"{h.module_name} ({type(marked[id(h)].processor).__name__})" for h in bypassed)
+            raise ConfigError(
+                f"attention module {names} ran without its sequence-parallel exchange (the plan marks it NotSdpa), "
+                "so it attended over this rank's tokens only: give it the processor its exchange is written for, "
+                "or run with --ulysses-degree, --ring-degree and --pipefusion-parallel-degree 1.")
         if missing:
             names = "; ".join(f"{h.module_name} ({type(marked[id(h)].processor).__name__})" if id(h) in marked
                               else h.module_name for h in missing)

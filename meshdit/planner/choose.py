@@ -43,15 +43,16 @@ def make_plan(info: ModelInfo, costs: ModelCosts, request: GenerateRequest, worl
     image. fixed: {axis: degree} every layout keeps (the degrees a user gave beside --layout auto)."""
     request = request.with_defaults(info.request_defaults())
     info.check_request(ParallelConfig(), request)  # what no layout can fix (size, frames) is refused as generate does
-    layouts = legal_layouts(info, request, world.size, fp8_options=fp8_options)
+    layouts = legal_layouts(info, request, world.size, fp8_options=fp8_options, parallel_vae=costs.vae_splits)
     if fixed:
         layouts = [layout for layout in layouts if all(layout.degree(a) == d for a, d in fixed.items())]
     rows = [predict(layout, costs, world, request) for layout in layouts]
     # variants that hold less, listed only where the plain one does not fit: a tiled decode (bounded error),
     # the text encoders split over the ranks (--text-encoder-parallel) or on the host (--text-encoder-device cpu),
-    # and a tiled decode with either
+    # and a tiled decode with either (a VAE meshdit cannot split is never tiled)
     text_moves = ({"text_parallel": True}, {"text_on_cpu": True})
-    for change in ({"vae": "tiled"},) + text_moves + tuple({"vae": "tiled", **t} for t in text_moves):
+    tiled = (({"vae": "tiled"},) + tuple({"vae": "tiled", **t} for t in text_moves)) if costs.vae_splits else ()
+    for change in text_moves + tiled:
         moves_text = "text_on_cpu" in change or "text_parallel" in change
         rows += [predict(replace(r.layout, **change), costs, world, request) for r in list(rows)
                  if not r.fits and (r.layout.vae == "plain" or "vae" not in change)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from ..config_files import read_json
 from ..models.info import ModelInfo
+from ..vae.settings import UNSPLIT_VAE_REASONS
 
 JOINT_ATTENTION = ("flux", "flux2", "sd3", "hunyuanvideo", "hunyuanvideo15", "cogvideox")
 """Families whose text tokens join the image tokens in every attention (the others cross-attend to the text)."""
@@ -26,6 +27,8 @@ class Block:
     """Cross-attention K/V projections applied to text tokens (Wan)."""
     text_through_image_params: bool = False
     """A single-stream block: the text tokens go through the same (image) parameters."""
+    linear_attention: bool = False
+    """Its self-attention is linear (SANA): a K.V summary per head instead of the tokens x tokens scores."""
 
     @property
     def params(self) -> int:
@@ -50,6 +53,8 @@ class ModelCosts:
     vae_levels: tuple[int, ...]
     vae_resnets_per_level: int
     out_channels: int
+    vae_splits: bool = True
+    """meshdit's parallel and tiled decodes take its VAE (not one of vae.settings.UNSPLIT_VAE_REASONS: SANA's DC-AE)."""
 
     @property
     def transformer_params(self) -> int:
@@ -68,7 +73,10 @@ class ModelCosts:
             through = image_tokens + (text_tokens if b.text_through_image_params else 0)
             linear += 2 * (b.image_params * through + b.text_params * text_tokens + b.cross_params * text_tokens)
             s = image_tokens + (text_tokens if b.joint else 0)
-            attention += 4 * s * s * self.hidden  # Q K^T and P V
+            if b.linear_attention:  # [V; 1] K^T and its product with Q: 2 x s (D + 1) D per head
+                attention += 4 * s * self.hidden * (self.hidden // self.heads + 1)
+            else:
+                attention += 4 * s * s * self.hidden  # Q K^T and P V
             if not b.joint and b.cross_params:
                 attention += 4 * image_tokens * text_tokens * self.hidden
         return batch * linear, batch * attention
@@ -104,6 +112,13 @@ def costs_of(model_folder: str, info: ModelInfo) -> ModelCosts:
                        text_through_image_params=True)
         blocks = (double,) * int(cfg["num_layers"]) + (single,) * int(cfg.get("num_single_layers", 0))
         other = int(cfg.get("joint_attention_dim", d)) * d + 6 * 3 * d * d
+    elif family == "sana":  # linear self-attention, cross-attention to the text, Mix-FFN (1x1 convs in and out)
+        mlp = int(mlp_ratio * d)
+        cross = int(cfg.get("cross_attention_dim") or d)
+        block = Block(4 * d * d + 2 * d * cross + 3 * mlp * d, 0, joint=False, cross_params=2 * cross * d,
+                      linear_attention=True)
+        blocks = (block,) * int(cfg["num_layers"])
+        other = int(cfg.get("caption_channels", d)) * d + d * d + 6 * d * d  # caption projection, time embedding
     elif family in ("flux", "hunyuanvideo", "sd3", "pixart", "hunyuandit", "cogvideox", "ltx", "hunyuanvideo15"):
         mlp = int(mlp_ratio * d)
         stream = 4 * d * d + 2 * mlp * d + 6 * d * d  # attention, MLP, AdaLN modulation
@@ -119,7 +134,8 @@ def costs_of(model_folder: str, info: ModelInfo) -> ModelCosts:
     levels, resnets = _vae_levels(vae)
     return ModelCosts(info, hidden, heads, blocks, other, mlp_ratio, *_text_encoder_params(model_folder),
                       _vae_params(levels, resnets), levels[0], levels, resnets,
-                      int(cfg.get("out_channels") or cfg.get("in_channels") or 16))
+                      int(cfg.get("out_channels") or cfg.get("in_channels") or 16),
+                      vae.get("_class_name") not in UNSPLIT_VAE_REASONS)
 
 
 def _vae_levels(vae: dict) -> tuple[tuple[int, ...], int]:

@@ -23,7 +23,7 @@ USABLE_MEMORY = 0.9
 ULYSSES_BUFFERS = 6
 """Extra hidden-sized (per rank) tensors Ulysses holds at its peak: q, k, v packed for the all-to-all and received
 (measured on the benchmark model, docs/planner.md "Memory predictions checked")."""
-BATCHED_BRANCH_FAMILIES = frozenset({"sd3", "cogvideox", "hunyuandit", "ltx", "pixart"})
+BATCHED_BRANCH_FAMILIES = frozenset({"sd3", "cogvideox", "hunyuandit", "ltx", "pixart", "sana"})
 """Families whose recipe runs both guidance branches as one batched call (Recipe.batch_branches; tested equal):
 the others run them one after the other, so one branch's activations are alive at a time."""
 TP_REDUCES_PER_BLOCK = 2

@@ -81,6 +81,12 @@ IMAGE_VAE_CLASSES = ("AutoencoderKL", "AutoencoderKLFlux2")
 VIDEO_VAE_CLASSES = ("AutoencoderKLWan", "AutoencoderKLCogVideoX", "AutoencoderKLHunyuanVideo",
                      "AutoencoderKLHunyuanVideo15", "AutoencoderKLLTXVideo", "AutoencoderKLQwenImage")
 KNOWN_VAE_CLASSES = IMAGE_VAE_CLASSES + VIDEO_VAE_CLASSES
+# VAEs of supported pipelines that the band split and tiles cannot decode exactly yet, and why.
+UNSPLIT_VAE_REASONS = {
+    "AutoencoderDC": "SANA's DC-AE decoder attends over the whole image with multi-scale linear attention (its "
+                     "K.V summary over every pixel) and upsamples by pixel shuffle, which meshdit's band split does "
+                     "not cover",
+}
 KNOWN_UP_BLOCKS = ("UpDecoderBlock2D",)
 KNOWN_ACTIVATIONS = ("silu", "swish", "relu", "gelu", "mish")
 
@@ -96,6 +102,8 @@ def check_vae_config(vae_config: dict, settings: VaeDecodeSettings, height: int,
     what = "--use-parallel-vae" if settings.parallel else "--vae-tile-height/--vae-tile-width"
     plain = "run without --use-parallel-vae and the --vae-tile-* flags (diffusers' own decode)"
     cls = vae_config.get("_class_name")
+    if cls in UNSPLIT_VAE_REASONS:
+        raise ConfigError(f"{what} cannot decode this model's {cls} exactly: {UNSPLIT_VAE_REASONS[cls]}; {plain}.")
     if cls not in KNOWN_VAE_CLASSES:
         raise ConfigError(f"{what} supports the VAE classes {', '.join(KNOWN_VAE_CLASSES)}; this model's VAE is "
                           f"{cls!r} (vae/config.json): {plain}.")

@@ -14,6 +14,7 @@ from meshdit.distributed.comm import all_gather_uneven
 from meshdit.engine import Engine
 from meshdit.errors import ConfigError
 from meshdit.models.pixart import PLAN
+from meshdit.attention.router import note_exchanged
 from meshdit.parallel.plan import NotSdpa
 from meshdit.testing.rank_pool import mesh_for, split_layout
 from meshdit.testing.tiny_models import tiny_pipeline
@@ -43,7 +44,7 @@ def generate(degrees: dict, matmul_attention: tuple[str, ...] = ()):
         engine.close()
 
 
-def gather_kv(module, state, path):
+def gather_kv(module, state, path, streams):
     """A NotSdpa exchange for a self-attention module running AttnProcessor (attention by matmul): the outputs
     of its K and V projections [B, S/sp, C] are all-gathered over the SP ranks, so this rank's queries attend
     over every token, as in one process. (Linear attention would all-reduce its K.V summary here instead.)"""
@@ -51,6 +52,7 @@ def gather_kv(module, state, path):
         raise ConfigError(f"{path}: this exchange keeps no stale K/V for PipeFusion")
 
     def gathered(_mod, _args, out):  # [B, S/sp, C] -> [B, S, C]
+        note_exchanged()
         return all_gather_uneven(out, 1, state.lens("img"), state.sp_group)
 
     return [module.to_k.register_forward_hook(gathered), module.to_v.register_forward_hook(gathered)]

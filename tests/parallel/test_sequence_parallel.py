@@ -3,7 +3,9 @@ import numpy as np
 import pytest
 import torch
 
+from meshdit.errors import ConfigError
 from meshdit.testing.tiny_models import tiny_families
+from meshdit.vae.settings import UNSPLIT_VAE_REASONS, VaeDecodeSettings, check_vae_config
 from tests.parallel import sp_jobs
 
 LAYOUTS = [(1, 2), (2, 1), (2, 2), (1, 4), (4, 1)]  # (ring, ulysses)
@@ -41,7 +43,15 @@ def test_layout_equals_single_process(run_ranks, name, layout, size):
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_parallel_vae_under_ulysses_equals_single_process(run_ranks, name):
-    """--use-parallel-vae splits the decode into row bands over the image group: exact."""
+    """--use-parallel-vae splits the decode into row bands over the image group: exact; a VAE it cannot split
+    exactly (SANA's DC-AE) is refused from its config before ranks start, with the reason."""
+    vae = sp_jobs.pipeline(name).vae
+    if type(vae).__name__ in UNSPLIT_VAE_REASONS:
+        vae_config = {**vae.config, "_class_name": type(vae).__name__}  # as vae/config.json has it
+        with pytest.raises(ConfigError, match=rf"--use-parallel-vae cannot decode this model's "
+                                              rf"{type(vae).__name__} exactly"):
+            check_vae_config(vae_config, VaeDecodeSettings(parallel=True), 36, 44)
+        return
     results = run_ranks(2, sp_jobs.generate_layout, name, dict(ulysses_degree=2), 36, 44, vae=dict(parallel=True))
     assert_equal_to_reference(results, reference(name, 36, 44))
 
