@@ -18,10 +18,10 @@ PRESETS = {
     "dbcache": dict(threshold=0.15, front_blocks=2, back_blocks=1, warmup=2, max_cached=3),
 }
 # Named presets (`--cache fast`): a method and values over its preset; options the request sets still win.
-# fast: after 2 warmup steps, one step in four computes (the cap) unless the first block's change exceeds 0.6
+# fast: after 4 warmup steps, one step in four computes (the cap) unless the first block's change exceeds 0.6
 # (docs/caching.md, "The default preset: fast").
 NAMED_PRESETS = {
-    "fast": ("fbcache", dict(threshold=0.6, warmup=2, max_cached=3)),
+    "fast": ("fbcache", dict(threshold=0.6, warmup=4, max_cached=3)),
 }
 CHOICES = METHODS + tuple(NAMED_PRESETS)
 
@@ -37,7 +37,7 @@ class CacheSettings:
         None, flag="cache", choices=CHOICES, metavar="{fast,fbcache,dbcache}",
         help="step caching: skip the middle transformer blocks at steps whose input barely changed, reusing "
              "their last computed residual (lossy; docs/caching.md). fast: the default preset to use, fbcache "
-             "with threshold 0.6, warmup 2, at most 3 cached steps in a row (about 2x, one step in four "
+             "with threshold 0.6, warmup 4, at most 3 cached steps in a row (about 2x, one step in four "
              "computed); fbcache: First-Block Cache (the first block runs and decides); dbcache: DBCache "
              "(--cache-fn front and --cache-bn back blocks always run) "
              "(default: none, every block runs at every step)")

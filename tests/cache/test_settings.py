@@ -25,12 +25,12 @@ def test_flags_reach_the_request():
 
 
 def test_fast_preset_parses_and_resolves_to_its_documented_values():
-    """docs/caching.md, "The default preset": fbcache, threshold 0.6, warmup 2, at most 3 cached steps in a row."""
+    """docs/caching.md, "The default preset": fbcache, threshold 0.6, warmup 4, at most 3 cached steps in a row."""
     r = parse("--cache", "fast").cache
     assert r == CacheSettings("fast")
-    assert r.resolved() == CacheSettings("fbcache", threshold=0.6, front_blocks=1, back_blocks=0, warmup=2,
+    assert r.resolved() == CacheSettings("fbcache", threshold=0.6, front_blocks=1, back_blocks=0, warmup=4,
                                          max_cached=3)
-    assert parse("--cache", "fast", "--cache-warmup", "4").cache.resolved().warmup == 4  # set options win
+    assert parse("--cache", "fast", "--cache-warmup", "6").cache.resolved().warmup == 6  # set options win
     assert parse("--cache", "fast", "--taylorseer").cache.resolved().taylorseer == 1
 
 
