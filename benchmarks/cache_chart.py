@@ -64,16 +64,18 @@ def svg(points: dict, title: str, measure: str) -> str:
                  f'stroke-dasharray="4 3"/><line x1="{left}" y1="{y(BAR[1]):.1f}" x2="{left + plot_w}" '
                  f'y2="{y(BAR[1]):.1f}" stroke="#888" stroke-dasharray="4 3"/>')
     legend_y = top + 5
-    for i, ((what, layout), rows) in enumerate(sorted(points.items())):
-        colour = COLOURS[i % len(COLOURS)]
+    models = sorted({what for what, _ in points})
+    for (what, layout), rows in sorted(points.items()):
+        colour = COLOURS[models.index(what) % len(COLOURS)]
         for cache, db, speedup in rows:
             cx, cy = x(db), y(speedup)
             shape = (f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="4.5" fill="{colour}"/>' if layout == "serial" else
                      f'<rect x="{cx - 4:.1f}" y="{cy - 4:.1f}" width="8" height="8" fill="{colour}"/>')
             parts.append(f'{shape}<text x="{cx + 6:.1f}" y="{cy - 5:.1f}" font-size="9" fill="{colour}">'
                          f'{cache.replace(" (preset)", "")}</text>')
-        parts.append(f'<circle cx="{left + plot_w + 15}" cy="{legend_y}" r="4.5" fill="{colour}"/>'
-                     f'<text x="{left + plot_w + 25}" y="{legend_y + 4}">{what}, {layout}</text>')
+    for i, what in enumerate(models):
+        parts.append(f'<circle cx="{left + plot_w + 15}" cy="{legend_y}" r="4.5" fill="{COLOURS[i % len(COLOURS)]}"/>'
+                     f'<text x="{left + plot_w + 25}" y="{legend_y + 4}">{what}</text>')
         legend_y += 18
     for name, speedup, db in PUBLISHED:
         cx, cy = x(db), y(speedup)

@@ -20,7 +20,7 @@ def test_points_are_the_cached_rows_with_a_finite_psnr():
 
 def test_chart_draws_every_point_and_the_published_ones_marked_as_such():
     drawn = svg(series(RECORDS), "t", "CPU time")
-    assert drawn.count('r="4.5" fill') == 1 + 2  # the serial point + both series' legend entries
+    assert drawn.count('r="4.5" fill') == 1 + 1  # the serial point + the model's legend entry
     assert drawn.count('width="8" height="8"') == 1  # the ulysses 2 point
     assert drawn.count('fill="none" stroke="#555"') == len(PUBLISHED) + 1  # + its legend marker
     assert "published, other model" in drawn
