@@ -65,14 +65,21 @@ def svg(points: dict, title: str, measure: str) -> str:
                  f'y2="{y(BAR[1]):.1f}" stroke="#888" stroke-dasharray="4 3"/>')
     legend_y = top + 5
     models = sorted({what for what, _ in points})
+    labels: list[tuple[float, float]] = []  # (x, y) of the labels drawn so far
     for (what, layout), rows in sorted(points.items()):
         colour = COLOURS[models.index(what) % len(COLOURS)]
         for cache, db, speedup in rows:
             cx, cy = x(db), y(speedup)
             shape = (f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="4.5" fill="{colour}"/>' if layout == "serial" else
                      f'<rect x="{cx - 4:.1f}" y="{cy - 4:.1f}" width="8" height="8" fill="{colour}"/>')
-            parts.append(f'{shape}<text x="{cx + 6:.1f}" y="{cy - 5:.1f}" font-size="9" fill="{colour}">'
-                         f'{cache.replace(" (preset)", "")}</text>')
+            parts.append(shape)
+            if layout == "serial":  # a layout's point has the serial one's PSNR: one label per setting
+                ly = cy - 5
+                while any(abs(lx - cx) < 80 and abs(py - ly) < 10 for lx, py in labels):  # below the one in the way
+                    ly += 11
+                labels.append((cx, ly))
+                parts.append(f'<text x="{cx + 6:.1f}" y="{ly:.1f}" font-size="9" fill="{colour}">'
+                             f'{cache.replace(" (preset)", "")}</text>')
     for i, what in enumerate(models):
         parts.append(f'<circle cx="{left + plot_w + 15}" cy="{legend_y}" r="4.5" fill="{COLOURS[i % len(COLOURS)]}"/>'
                      f'<text x="{left + plot_w + 25}" y="{legend_y + 4}">{what}</text>')
