@@ -13,24 +13,26 @@ and `--tokens` image tokens; meshdit's bundled model at its own size, steps and 
 one job on a pool of gloo ranks generates uncached, then each cache setting, then uncached again (the speed-up
 divides the faster uncached run by the cached run: the machine's load drifts); PSNR of the image against the
 uncached image of the same layout. --score N also scores the bundled model's first N held-out prompts
-(default_model.evaluate) uncached and with each setting, serially. Writes benchmarks/results/cache.md.
+(default_model.evaluate) uncached and with each setting, serially. Writes benchmarks/results/cache.md and its rows
+as JSON beside it (cache.json; benchmarks/cache_chart.py draws them).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import time
 
 import numpy as np
 
-# label -> CacheSettings fields (None: uncached). The presets are the methods' defaults (meshdit/cache/settings.py).
+# label -> CacheSettings fields (None: uncached). The presets are meshdit/cache/settings.py's (fast: fbcache 0.6).
 SETTINGS = {
+    "fast (preset)": dict(method="fast"),
     "fbcache (preset)": dict(method="fbcache"),
     "fbcache 0.2": dict(method="fbcache", threshold=0.2),
     "dbcache (preset)": dict(method="dbcache"),
     "dbcache + taylorseer 1": dict(method="dbcache", taylorseer=1),
-    "fbcache 0.6 (random weights)": dict(method="fbcache", threshold=0.6),
 }
 MODELS = {"benchmark-28": ("benchmark", 28), "benchmark-50": ("benchmark", 50), "bundled": ("bundled", None)}
 LAYOUTS = {"serial": {}, "ulysses 2": dict(ulysses_degree=2)}
@@ -139,6 +141,7 @@ def main() -> None:
              "| model | steps | layout | cache | branch-steps computed / total | seconds (CPU s) | speed-up wall "
              "| speed-up CPU time | PSNR vs uncached |",
              "|---|---|---|---|---|---|---|---|---|"]
+    records = {"command": lines[0].strip("`"), "rows": [], "score": []}
     try:
         for name in args.models:
             model, steps = MODELS[name]
@@ -159,6 +162,11 @@ def main() -> None:
                            f"{psnr(result['images'][label], result['images']['uncached']):.1f} dB |")
                     print(row, flush=True)
                     lines.append(row)
+                    records["rows"].append(dict(
+                        model=name, tokens=args.tokens if model == "benchmark" else None, steps=result["steps"],
+                        layout=layout, cache=label, computed=computed[0], total=computed[1], wall_s=seconds,
+                        cpu_s=cpu, speedup_wall=base / seconds, speedup_cpu=base_cpu / cpu,
+                        psnr_db=psnr(result["images"][label], result["images"]["uncached"])))
     finally:
         close_all_pools()
     if args.score:
@@ -166,8 +174,11 @@ def main() -> None:
                   "| cache | score | PSNR vs uncached |", "|---|---|---|"]
         for label, (value, db) in score(args.settings, args.score).items():
             lines.append(f"| {label} | {value:.1f}% | {db:.1f} dB |")
+            records["score"].append(dict(cache=label, prompts=args.score, score=value, psnr_db=db))
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")
+    with open(args.out.rsplit(".", 1)[0] + ".json", "w") as f:
+        json.dump(records, f, indent=1, default=float)
     print("\n".join(lines))
 
 

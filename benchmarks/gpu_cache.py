@@ -27,8 +27,8 @@ FLUX_DEV = dict(in_channels=64, num_attention_heads=24, attention_head_dim=128, 
                 num_single_layers=38)
 SMALL = dict(FLUX_DEV, num_attention_heads=4, attention_head_dim=32, axes_dims_rope=(8, 12, 12), num_layers=4,
              num_single_layers=6, joint_attention_dim=64, pooled_projection_dim=32)
-SETTINGS = {"uncached": None, "fbcache (preset)": dict(method="fbcache"), "dbcache (preset)": dict(method="dbcache"),
-            "fbcache 0.6": dict(method="fbcache", threshold=0.6),
+SETTINGS = {"uncached": None, "fast (preset)": dict(method="fast"), "fbcache (preset)": dict(method="fbcache"),
+            "dbcache (preset)": dict(method="dbcache"),
             "dbcache F8B0 0.6": dict(method="dbcache", threshold=0.6, front_blocks=8, back_blocks=0)}
 
 

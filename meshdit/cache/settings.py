@@ -17,6 +17,13 @@ PRESETS = {
     "fbcache": dict(threshold=0.12, front_blocks=1, back_blocks=0, warmup=2, max_cached=3),
     "dbcache": dict(threshold=0.15, front_blocks=2, back_blocks=1, warmup=2, max_cached=3),
 }
+# Named presets (`--cache fast`): a method and values over its preset; options the request sets still win.
+# fast: after 4 warmup steps, one step in four computes (the cap) unless the first block's change exceeds 0.6
+# (docs/caching.md, "The default preset: fast").
+NAMED_PRESETS = {
+    "fast": ("fbcache", dict(threshold=0.6, warmup=4, max_cached=3)),
+}
+CHOICES = METHODS + tuple(NAMED_PRESETS)
 
 
 @dataclass(frozen=True)
@@ -27,16 +34,19 @@ class CacheSettings:
     never share a batch (Engine.generate_many, serve's batching key)."""
 
     method: str | None = flagged(
-        None, flag="cache", choices=METHODS, metavar="{fbcache,dbcache}",
+        None, flag="cache", choices=CHOICES, metavar="{fast,fbcache,dbcache}",
         help="step caching: skip the middle transformer blocks at steps whose input barely changed, reusing "
-             "their last computed residual (lossy; docs/caching.md). fbcache: First-Block Cache (the first block "
-             "runs and decides); dbcache: DBCache (--cache-fn front and --cache-bn back blocks always run) "
+             "their last computed residual (lossy; docs/caching.md). fast: the default preset to use, fbcache "
+             "with threshold 0.6, warmup 4, at most 3 cached steps in a row (about 2x, one step in four "
+             "computed); fbcache: First-Block Cache (the first block runs and decides); dbcache: DBCache "
+             "(--cache-fn front and --cache-bn back blocks always run) "
              "(default: none, every block runs at every step)")
     threshold: float | None = flagged(
         None, flag="cache-threshold", type=float, metavar="T",
         help="skip when the relative L1 change of the front blocks' residual since the last computed step is "
              "below T, >= 0; larger skips more and loses more; 0 never skips "
-             f"(default: fbcache {PRESETS['fbcache']['threshold']}, dbcache {PRESETS['dbcache']['threshold']})")
+             f"(default: fast {NAMED_PRESETS['fast'][1]['threshold']}, fbcache {PRESETS['fbcache']['threshold']}, "
+             f"dbcache {PRESETS['dbcache']['threshold']})")
     front_blocks: int | None = flagged(
         None, flag="cache-fn", type=int, metavar="F",
         help=f"DBCache: leading blocks that always run and give the change signal, >= 1 "
@@ -65,13 +75,20 @@ class CacheSettings:
     def enabled(self) -> bool:
         return self.method is not None
 
+    @property
+    def base_method(self) -> str | None:
+        """The method itself: a named preset's method (fast: fbcache), else `method`."""
+        return NAMED_PRESETS[self.method][0] if self.method in NAMED_PRESETS else self.method
+
     def resolved(self) -> "CacheSettings":
-        """A copy with every unset option taken from the method's preset (fbcache: 1 front block, 0 back)."""
+        """A copy with every unset option taken from the preset (a named preset's values over its method's; fbcache:
+        1 front block, 0 back) and `method` the method itself."""
         if not self.enabled:
             return self
-        preset = PRESETS[self.method]
+        preset = dict(PRESETS[self.base_method], **(NAMED_PRESETS[self.method][1] if self.method in NAMED_PRESETS
+                                                    else {}))
         values = {k: getattr(self, k) if getattr(self, k) is not None else v for k, v in preset.items()}
-        return replace(self, **values)
+        return replace(self, method=self.base_method, **values)
 
     def validate(self) -> None:
         """Checks that need no model; each message names the flag and the fix."""
@@ -86,17 +103,18 @@ class CacheSettings:
                 raise ConfigError(f"{', '.join(given)} set(s) an option of step caching, which is off: add "
                                   "--cache dbcache (or fbcache), or drop the option.")
             return
-        if self.method not in METHODS:
-            raise ConfigError(f"--cache {self.method!r} is not a cache method: use --cache fbcache or --cache dbcache.")
+        if self.method not in CHOICES:
+            raise ConfigError(f"--cache {self.method!r} is neither a cache method nor a preset: use --cache fast (the "
+                              "preset), --cache fbcache or --cache dbcache.")
         t = self.threshold
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0):
             raise ConfigError(f"--cache-threshold must be a finite number >= 0, got {t!r}: use e.g. "
                               "--cache-threshold 0.08 (0 never skips).")
-        if self.method == "fbcache":
+        if self.base_method == "fbcache":
             for flag, value, wanted in (("--cache-fn", self.front_blocks, 1), ("--cache-bn", self.back_blocks, 0)):
                 if value is not None and value != wanted:
-                    raise ConfigError(f"{flag} {value} does not apply to --cache fbcache (First-Block Cache is "
-                                      f"{flag} {wanted}): use --cache dbcache {flag} {value}, or drop {flag}.")
+                    raise ConfigError(f"{flag} {value} does not apply to --cache {self.method} (First-Block Cache "
+                                      f"is {flag} {wanted}): use --cache dbcache {flag} {value}, or drop {flag}.")
         for flag, value, low in (("--cache-fn", self.front_blocks, 1), ("--cache-bn", self.back_blocks, 0),
                                  ("--cache-warmup", self.warmup, 0), ("--cache-max-cached", self.max_cached, 1)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):

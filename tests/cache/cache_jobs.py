@@ -26,7 +26,7 @@ def generate_cached(name: str, degrees: dict, cache: dict | None, prompts=None, 
         pipe.set_progress_bar_config(disable=True)
     else:
         pipe = sp_jobs.pipeline(name)
-    engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None)
+    engine = Engine(pipe, mesh_for(config) if config.world_size > 1 or config.compile else None)
     original = step_cache.relative_change
     if rule == "averaged":
         step_cache.relative_change = signal.averaged_means_change
@@ -59,3 +59,15 @@ def first_signals(name: str, degrees: dict, cache: dict, prompts=None):
         step_cache.relative_change = original
     return seen[0]
 
+
+
+def compiled_cached(name: str, degrees: dict, cache: dict, prompts=None):
+    """generate_cached with every block compiled (aot_eager through tests/parallel's graph-counting backend):
+    (images, skip masks, graphs compiled, graphs run)."""
+    from tests.parallel import compile_jobs
+
+    compile_jobs._register_counting_backend()
+    torch._dynamo.reset()
+    compile_jobs._Graphs.compiled = compile_jobs._Graphs.runs = 0
+    images, masks = generate_cached(name, dict(degrees, compile=compile_jobs.COUNTING), cache, prompts)
+    return images, masks, compile_jobs._Graphs.compiled, compile_jobs._Graphs.runs

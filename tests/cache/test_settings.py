@@ -24,6 +24,25 @@ def test_flags_reach_the_request():
     assert parse("--taylorseer", "2", "--cache", "fbcache").cache.taylorseer == 2
 
 
+def test_fast_preset_parses_and_resolves_to_its_documented_values():
+    """docs/caching.md, "The default preset": fbcache, threshold 0.6, warmup 4, at most 3 cached steps in a row."""
+    r = parse("--cache", "fast").cache
+    assert r == CacheSettings("fast")
+    assert r.resolved() == CacheSettings("fbcache", threshold=0.6, front_blocks=1, back_blocks=0, warmup=4,
+                                         max_cached=3)
+    assert parse("--cache", "fast", "--cache-warmup", "6").cache.resolved().warmup == 6  # set options win
+    assert parse("--cache", "fast", "--taylorseer").cache.resolved().taylorseer == 1
+
+
+def test_serve_takes_the_same_methods_and_presets():
+    from typing import get_args
+
+    from meshdit.cache.settings import CHOICES
+    from meshdit.serve.schemas import CacheBody
+
+    assert set(get_args(CacheBody.model_fields["method"].annotation)) == set(CHOICES)
+
+
 def test_presets_fill_unset_options():
     r = CacheSettings("fbcache").resolved()
     assert (r.front_blocks, r.back_blocks) == (1, 0) and r.threshold is not None and r.warmup is not None
@@ -42,7 +61,10 @@ def test_xdit_spellings(argv, message):
 @pytest.mark.parametrize("settings,message", [
     (CacheSettings("dbcache", threshold=-0.1), "--cache-threshold must be a finite number >= 0"),
     (CacheSettings("dbcache", threshold=float("nan")), "--cache-threshold"),
-    (CacheSettings("teacache"), "--cache 'teacache' is not a cache method"),
+    (CacheSettings("teacache"), "--cache 'teacache' is neither a cache method nor a preset"),
+    (CacheSettings("fast", threshold=-1), "--cache-threshold must be a finite number >= 0"),
+    (CacheSettings("fast", back_blocks=1), "--cache-bn 1 does not apply to --cache fast"),
+    (CacheSettings("dbcache", warmup=-1), "--cache-warmup must be a whole number >= 0"),
     (CacheSettings("dbcache", front_blocks=0), "--cache-fn must be a whole number >= 1"),
     (CacheSettings("dbcache", back_blocks=-1), "--cache-bn must be a whole number >= 0"),
     (CacheSettings("dbcache", max_cached=0), "--cache-max-cached"),
