@@ -105,7 +105,9 @@ def format_plan(plan, args) -> str:
     r = plan.request
     info = plan.costs.info
     frames = f" x {r.num_frames} frames" if info.is_video else ""
-    cfg = "two branches (CFG)" if info.runs_cfg(r.guidance_scale) else "one branch"
+    branches = info.guidance_branches(r.guidance_scale, r.extra)
+    cfg = {1: "one branch", 2: "two branches (CFG)"}.get(branches, f"{branches} branches (CFG + layer guidance)")
+    cfg += f", --cfg-degree <= {branches}" if branches > 1 else ", no CFG parallelism"
     lines = [f"model: {info.source} ({info.pipeline_class}, transformer {_count(plan.costs.transformer_params)} "
              f"parameters, text encoders {_count(plan.costs.text_encoder_params)})",
              f"request: {r.height}x{r.width}{frames}, {r.num_inference_steps} steps, guidance {r.guidance_scale} "

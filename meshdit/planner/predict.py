@@ -94,7 +94,8 @@ def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRe
     ring, uly = layout.degree(MeshAxis.RING), layout.degree(MeshAxis.ULYSSES)
     sp = ring * uly
     images = len(request.prompts) * request.num_images_per_prompt
-    branches = (2 if info.runs_cfg(request.guidance_scale) else 1) // cfg  # per rank
+    # per rank: the busiest step's branches dealt round-robin over the cfg ranks (parallel/cfg.py)
+    branches = math.ceil(info.guidance_branches(request.guidance_scale, request.extra) / cfg)
     batch = math.ceil(images / dp) * branches
     batched = info.family.name in BATCHED_BRANCH_FAMILIES
     live_batch = batch if batched else math.ceil(images / dp)
