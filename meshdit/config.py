@@ -70,7 +70,7 @@ class ParallelConfig:
              f"{MAX_CFG_DEGREE}, at most the request's branches: 2 with classifier-free guidance (every family "
              "not guidance-distilled), 3 with SD3's skip-layer guidance (--extra skip_guidance_layers=[...]); "
              "docs/layouts.md (default: 1)",
-        switches=(("use-cfg-parallel", 2, "the same as --cfg-degree 2 (xDiT's switch)"),))
+        switches=(("use-cfg-parallel", 2, "the same as --cfg-degree 2, xDiT's switch (default: off)"),))
     pipefusion_parallel_degree: int = flagged(
         1, flag="pipefusion-parallel-degree", type=int, metavar="P",
         help="PipeFusion: transformer blocks in P pipeline stages over image patches, with one-step-stale "

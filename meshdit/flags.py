@@ -73,7 +73,8 @@ def add_settings_flags(group, cls, skip: tuple[str, ...] = ()) -> None:
         flag(group, spec.name, *spec.aliases, dest=spec.dest, default=cli_default(f, spec), help=spec.help,
              **spec.argparse)
         for name, value, help_text in spec.switches:
-            flag(group, name, dest=spec.dest, action="store_const", const=value, help=help_text)
+            flag(group, name, dest=spec.dest, action="store_const", const=value, default=cli_default(f, spec),
+                 help=help_text)
 
 
 def settings_from_args(cls, args, **values):

@@ -302,6 +302,11 @@ class ModelInfo:
     def _check_cfg_degree(self, config: ParallelConfig, guidance_scale: float | None, extra: dict | None) -> None:
         """The cfg axis deals the branches of a step over its rank groups: no more groups than branches."""
         degree, branches = config.cfg_degree, self.guidance_branches(guidance_scale, extra)
+        if branches > 2 and config.pipefusion_parallel_degree > 1:
+            key = self.family.layer_guidance_arguments[0]
+            raise ConfigError(f"--extra {key} runs a guidance pass that skips blocks, which PipeFusion's stages "
+                              "cannot skip: drop --pipefusion-parallel-degree (use --cfg-degree, --ulysses-degree or "
+                              "--ring-degree) or drop the extra.")
         if degree <= branches:
             return
         if branches == 1:
@@ -321,8 +326,8 @@ class ModelInfo:
                           "the other ranks to --ulysses-degree or --ring-degree.")
 
     def check_layer_guidance(self, config: ParallelConfig, request: GenerateRequest) -> None:
-        """A layer-guidance argument (SD3's skip_guidance_layers) names block indices; its extra pass skips whole
-        blocks, which PipeFusion's stages and the step cache's block hooks do not follow."""
+        """A layer-guidance argument (SD3's skip_guidance_layers) names block indices; its pass runs on some steps
+        only, which the step cache does not follow (PipeFusion: _check_cfg_degree)."""
         blocks = self.family.num_blocks(self.transformer_config)
         for key in self.family.layer_guidance_arguments:
             layers = request.extra.get(key)
@@ -332,10 +337,6 @@ class ModelInfo:
                     and all(0 <= i < blocks for i in layers)):
                 raise ConfigError(f"--extra {key}={layers!r}: give a list of block indices 0..{blocks - 1} "
                                   f"(this transformer has {blocks} blocks), e.g. --extra {key}=[{blocks // 2}].")
-            if layers and config.pipefusion_parallel_degree > 1:
-                raise ConfigError(f"--extra {key} runs a guidance pass that skips blocks, which PipeFusion's "
-                                  "stages cannot skip: drop --pipefusion-parallel-degree (use --cfg-degree, "
-                                  "--ulysses-degree or --ring-degree) or drop the extra.")
             if layers and request.cache.enabled:
                 raise ConfigError(f"--extra {key} runs a guidance pass on some steps only, which the step cache "
                                   "does not follow: drop --cache or the extra.")
