@@ -36,6 +36,9 @@ class EngineSettings:
     loras: tuple[tuple[str, str], ...] = ()
     """LoRA adapters every rank loads when the engine is built, (name, file): generate's --lora files, serve's
     --lora-dir; requests choose among them (GenerateRequest.loras)."""
+    lora_experts: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """(name, denoisers) for the adapters of `loras` that load elsewhere than into `transformer` alone: generate's
+    --lora-2 files go into Wan 2.2's second expert, ("transformer_2",), or both when also given to --lora."""
 
     def validate(self) -> None:
         """The settings' own ranges (no model needed); ConfigError naming the flag. prelaunch adds the model's."""
