@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from .config import GenerateRequest, ParallelConfig
-from .engine_settings import EngineSettings, check_lora_beside_fp8
+from .engine_settings import EngineSettings
 from .errors import ConfigError
 from .lora_files import adapters_for_experts
 from .distributed.mesh import ParallelMesh, SingleProcessMesh
@@ -122,8 +122,10 @@ class Engine:
         with _progress_bars(settings.verbose if show_progress is None else show_progress):
             pipe = load_pipeline(settings.model, device, settings.torch_dtype(), mesh, settings.loading,
                                  vae_here=vae_here,
-                                 # under tp the shards are quantized after the split (combine/parallelize)
-                                 fp8_gemm=fp8 is not None and fp8.gemm and settings.config.tensor_parallel_degree == 1)
+                                 # under tp the shards are quantized after the split, with LoRA after the adapters
+                                 # wrap the Linear layers (combine/parallelize)
+                                 fp8_gemm=fp8 is not None and fp8.gemm and settings.config.tensor_parallel_degree == 1
+                                 and not settings.loras)
         return cls(pipe, mesh, settings.vae, fp8, dict(settings.loras), dict(settings.lora_experts))
 
     @property
@@ -197,10 +199,11 @@ class Engine:
                 for a, b in zip(offsets[:-1], offsets[1:])]
 
     def _load_adapters(self, fp8) -> None:
-        from .loading.lora import FIRST_EXPERT, check_pipeline_takes_lora, load_adapter, remove_adapters
+        from .loading.lora import (FIRST_EXPERT, check_linears_not_quantized, check_pipeline_takes_lora, load_adapter,
+                                   remove_adapters)
 
-        check_lora_beside_fp8(True, fp8)
         check_pipeline_takes_lora(self.pipe)
+        check_linears_not_quantized(self.pipe)  # FP8 GEMMs: parallelize quantizes after the adapters load
         keep = None
         if self.mesh.config.pipefusion_parallel_degree > 1:  # this stage's blocks only
             from .loading.stages import stage_keep

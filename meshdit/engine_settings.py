@@ -48,7 +48,6 @@ class EngineSettings:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.fp8 is not None:
             self.fp8.validate(self.config.pipefusion_parallel_degree)
-        check_lora_beside_fp8(self.loras, self.fp8)
 
     def torch_dtype(self):
         """The torch dtype of `dtype` (None stays None: the device decides). Imports torch."""
@@ -62,11 +61,3 @@ class EngineSettings:
     def dtype_name(torch_dtype) -> str | None:
         """torch.bfloat16 -> "bfloat16" (the Python API passes torch dtypes)."""
         return None if torch_dtype is None else str(torch_dtype).removeprefix("torch.")
-
-
-def check_lora_beside_fp8(loras, fp8) -> None:
-    """LoRA adapters run beside the Linear layers FP8 GEMMs replace: refused together (EngineSettings.validate,
-    and Engine for a pipeline given directly)."""
-    if loras and fp8 is not None and fp8.gemm:
-        raise ConfigError("--lora with --fp8-gemm: FP8 GEMMs replace the Linear layers an adapter runs beside; "
-                          "drop one of them (docs/lora.md)")

@@ -24,6 +24,19 @@ def check_pipeline_takes_lora(pipe) -> None:
                           "drop --lora / --lora-dir for this model (docs/lora.md lists the families that take one)")
 
 
+def check_linears_not_quantized(pipe) -> None:
+    """peft wraps nn.Linear layers only, so adapters load before FP8 GEMMs quantize them (the engine's order: the
+    FP8 Linear then sits under peft's layer as its base layer). A pipeline handed over already quantized is refused."""
+    from ..quant.fp8_linear import Fp8Linear
+
+    for name in ("transformer", "transformer_2"):
+        denoiser = getattr(pipe, name, None)
+        if denoiser is not None and any(isinstance(m, Fp8Linear) for m in denoiser.modules()):
+            raise ConfigError(f"--lora: this pipeline's {name} already has FP8 Linear layers, which LoRA adapters "
+                              "cannot wrap: load it without FP8 GEMMs and pass the Fp8Config to the Engine, which "
+                              "quantizes after the adapters load")
+
+
 def diffusers_version() -> str:
     import diffusers
 
