@@ -1,6 +1,7 @@
 """What validation needs to know about a model, read from its config files (no weights)."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -303,7 +304,7 @@ class ModelInfo:
         """The cfg axis deals the branches of a step over its rank groups: no more groups than branches."""
         degree, branches = config.cfg_degree, self.guidance_branches(guidance_scale, extra)
         if branches > 2 and config.pipefusion_parallel_degree > 1:
-            key = self.family.layer_guidance_arguments[0]
+            key = next(iter(self.family.layer_guidance_arguments))
             raise ConfigError(f"--extra {key} runs a guidance pass that skips blocks, which PipeFusion's stages "
                               "cannot skip: drop --pipefusion-parallel-degree (use --cfg-degree, --ulysses-degree or "
                               "--ring-degree) or drop the extra.")
@@ -318,7 +319,7 @@ class ModelInfo:
             raise ConfigError(f"CFG parallel splits the guidance branches (conditional, unconditional) over rank "
                               f"groups, but {why}. Drop --use-cfg-parallel / --cfg-degree (give the ranks to "
                               "--ulysses-degree or --ring-degree instead).")
-        more = self.family.layer_guidance_arguments
+        more = list(self.family.layer_guidance_arguments)
         add = f"; --extra {more[0]}=[...] adds a branch" if more and branches == 2 else ""
         raise ConfigError(f"--cfg-degree {degree} needs at least {degree} guidance branches per step, but this "
                           f"request runs {branches} (conditional, unconditional"
@@ -329,7 +330,12 @@ class ModelInfo:
         """A layer-guidance argument (SD3's skip_guidance_layers) names block indices; its pass runs on some steps
         only, which the step cache does not follow (PipeFusion: _check_cfg_degree)."""
         blocks = self.family.num_blocks(self.transformer_config)
-        for key in self.family.layer_guidance_arguments:
+        for key, settings in self.family.layer_guidance_arguments.items():
+            for setting in settings:
+                value = request.extra.get(setting)
+                if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                          or not math.isfinite(value)):
+                    raise ConfigError(f"--extra {setting}={value!r}: give a finite number, e.g. --extra {setting}=0.2.")
             layers = request.extra.get(key)
             if layers is None:
                 continue

@@ -68,6 +68,17 @@ def _request(**extra):
     return GenerateRequest(prompt="a cat", height=32, width=32, guidance_scale=5.0, extra=extra)
 
 
+def test_skip_layer_defaults_are_the_pipelines():
+    import inspect
+
+    from diffusers import StableDiffusion3Pipeline
+
+    from meshdit.models.sd3 import SKIP_LAYER_DEFAULTS
+
+    parameters = inspect.signature(StableDiffusion3Pipeline.__call__).parameters
+    assert SKIP_LAYER_DEFAULTS == {key: parameters[key].default for key in SKIP_LAYER_DEFAULTS}
+
+
 def test_branch_counts(info):
     assert info.guidance_branches(5.0) == 2
     assert info.guidance_branches(5.0, SLG) == 3
@@ -81,7 +92,9 @@ def test_branch_counts(info):
     (dict(cfg_degree=2), dict(SLG, skip_guidance_layers=[2]), r"block indices 0\.\.1"),
     (dict(cfg_degree=2), dict(SLG, skip_guidance_layers="1"), r"block indices"),
     (dict(pipefusion_parallel_degree=2), SLG, r"PipeFusion's stages cannot skip"),
-], ids=["cfg3-without-a-third-branch", "cfg4-over-three", "layer-out-of-range", "layers-not-a-list", "pipefusion"])
+    (dict(), dict(SLG, skip_layer_guidance_stop="0.5"), r"skip_layer_guidance_stop='0.5': give a finite number"),
+], ids=["cfg3-without-a-third-branch", "cfg4-over-three", "layer-out-of-range", "layers-not-a-list", "pipefusion",
+        "stop-not-a-number"])
 def test_refusals(info, config, extra, match):
     with pytest.raises(ConfigError, match=match):
         info.check_request(ParallelConfig(**config), _request(**extra))
