@@ -68,8 +68,9 @@ class ParallelConfig:
         1, flag="cfg-degree", type=int, metavar="D",
         help=f"CFG parallelism: the guidance branches of each step dealt round-robin over D rank groups, D = 1.."
              f"{MAX_CFG_DEGREE}, at most the request's branches: 2 with classifier-free guidance (every family "
-             "not guidance-distilled), 3 with SD3's skip-layer guidance (--extra skip_guidance_layers=[...]); "
-             "docs/layouts.md (default: 1)",
+             "not guidance-distilled, at guidance > 1), 3 with SD3's skip-layer guidance (--extra "
+             "skip_guidance_layers=[...]), 1 on guidance-distilled models (FLUX.1-dev, FLUX.2); docs/layouts.md "
+             "(default: 1)",
         switches=(("use-cfg-parallel", 2, "the same as --cfg-degree 2, xDiT's switch (default: off)"),))
     pipefusion_parallel_degree: int = flagged(
         1, flag="pipefusion-parallel-degree", type=int, metavar="P",
