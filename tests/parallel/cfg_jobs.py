@@ -9,16 +9,16 @@ from tests.parallel import sp_jobs
 
 
 def generate_with_extra(name: str, degrees: dict, extra: dict, height: int = 36, width: int = 44, steps: int = 3,
-                        exchanged: list | None = None):
-    """The images of tiny pipeline `name` under `degrees` with recipe extras `extra` added (e.g. SD3's skip-layer
-    guidance); with `exchanged`, also the number of branch exchanges' all-gathers this rank joined."""
+                        prompts=None):
+    """(images, bytes this rank sent per message kind) of tiny pipeline `name` under `degrees` with recipe extras
+    `extra` added (e.g. SD3's skip-layer guidance)."""
     from meshdit.distributed.comm import comm_stats
 
     pipe = sp_jobs.pipeline(name)
     config, settings = split_layout(degrees)
     engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None)
     try:
-        request = sp_jobs.request(name, height, width, steps=steps, **settings)
+        request = sp_jobs.request(name, height, width, steps=steps, prompts=prompts, **settings)
         request = replace(request, extra={**request.extra, **extra})
         comm_stats.reset()
         with torch.inference_mode():

@@ -40,6 +40,15 @@ def test_skip_layer_guidance_over_the_cfg_axis_equals_serial(run_ranks, degrees)
         assert sent.get("all_gather", 0) > 0, f"rank {rank} exchanged no prediction"
 
 
+def test_skip_layer_guidance_with_data_parallelism_equals_serial(run_ranks):
+    """Each data-parallel group slices the skip-layer branch with the others (two prompts over two groups)."""
+    prompts = ["a red cat", "a blue square on a white background"]
+    ref = cfg_jobs.generate_with_extra("sd35", {}, SLG, prompts=prompts)[0]
+    for rank, (images, _) in enumerate(run_ranks(2, cfg_jobs.generate_with_extra, "sd35",
+                                                 dict(data_parallel_degree=2), SLG, prompts=prompts)):
+        assert np.abs(images - ref).max() <= 1e-5 * np.abs(ref).max(), f"rank {rank}: images differ"
+
+
 def test_plain_cfg_over_two_ranks_still_sends_one_prediction_per_step(run_ranks):
     """cfg 2 without the extra pass: one slot per rank and step, no dtype agreement (the bytes of before)."""
     results = run_ranks(2, cfg_jobs.generate_with_extra, "sd35", dict(cfg_degree=2), {})
