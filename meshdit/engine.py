@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from .config import GenerateRequest, ParallelConfig
-from .engine_settings import EngineSettings
+from .engine_settings import EngineSettings, check_lora_layout
 from .errors import ConfigError
 from .lora_files import adapters_for_experts
 from .distributed.mesh import ParallelMesh, SingleProcessMesh
@@ -202,6 +202,7 @@ class Engine:
         from .loading.lora import (FIRST_EXPERT, check_linears_not_quantized, check_pipeline_takes_lora, load_adapter,
                                    remove_adapters)
 
+        check_lora_layout(True, self.mesh.config)
         check_pipeline_takes_lora(self.pipe)
         check_linears_not_quantized(self.pipe)  # FP8 GEMMs: parallelize quantizes after the adapters load
         keep = None

@@ -48,6 +48,7 @@ class EngineSettings:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.fp8 is not None:
             self.fp8.validate(self.config.pipefusion_parallel_degree)
+        check_lora_layout(self.loras, self.config)
 
     def torch_dtype(self):
         """The torch dtype of `dtype` (None stays None: the device decides). Imports torch."""
@@ -61,3 +62,13 @@ class EngineSettings:
     def dtype_name(torch_dtype) -> str | None:
         """torch.bfloat16 -> "bfloat16" (the Python API passes torch dtypes)."""
         return None if torch_dtype is None else str(torch_dtype).removeprefix("torch.")
+
+
+def check_lora_layout(loras, config: ParallelConfig) -> None:
+    """Tensor parallelism splits the Linear layers' weights, not the adapters peft puts beside them (their shapes
+    then disagree inside attention): refused until the adapters are split too (EngineSettings.validate, and Engine
+    for a pipeline given directly)."""
+    if loras and config.tensor_parallel_degree > 1:
+        raise ConfigError("--lora with --tensor-parallel-degree: tensor parallelism splits the base weights but not "
+                          "the adapters beside them; give the ranks to --ulysses-degree, --ring-degree, --cfg-degree "
+                          "or --pipefusion-parallel-degree instead (docs/lora.md)")
