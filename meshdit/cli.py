@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from . import __version__
 from .errors import ConfigError, RankFailedError
@@ -52,11 +53,13 @@ def generate_plan(args):
     from .planner.auto import layout_from_flags
     from .prelaunch import check_before_launch
 
-    from .lora_files import named_adapters
+    from .lora_files import with_second_expert
 
     request = requested(args)
     engine, prediction = layout_from_flags(args, engine_settings_from_args(args), request)
-    engine.loras = tuple(named_adapters([path for path, _ in request.loras]).items())  # --lora's files load at start
+    # --lora's (and --lora-2's) files load at start; the request switches them all on
+    loras, engine.loras, engine.lora_experts = with_second_expert(request.loras, getattr(args, "lora_2", None) or [])
+    request = replace(request, loras=loras)
     info, request = check_before_launch(engine, request)
     return engine, info, request, prediction
 

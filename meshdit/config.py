@@ -44,6 +44,7 @@ IMAGE_AXES = (MeshAxis.CFG, MeshAxis.PP, MeshAxis.RING, MeshAxis.ULYSSES, MeshAx
 
 # torch.compile backends --compile offers (the API takes any registered backend name).
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+MAX_CFG_DEGREE = 4  # guidance branches per step in any family (CFG 2; SD3's skip-layer guidance 3; guiders up to 4)
 MAX_SIDE = 8192  # pixels; larger sides are refused before anything allocates (a 100000 px side asks for gigabytes)
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
 
@@ -64,8 +65,13 @@ class ParallelConfig:
         1, flag="data-parallel-degree", type=int, metavar="D",
         help="split the images (prompts x images per prompt) over D rank groups (default: 1)")
     cfg_degree: int = flagged(
-        1, flag="use-cfg-parallel", action="store_true", cli_default=False, to_field=lambda on: 2 if on else 1,
-        help="run the conditional and unconditional guidance branches on two rank groups (default: off)")
+        1, flag="cfg-degree", type=int, metavar="D",
+        help=f"CFG parallelism: the guidance branches of each step dealt round-robin over D rank groups, D = 1.."
+             f"{MAX_CFG_DEGREE}, at most the request's branches: 2 with classifier-free guidance (every family "
+             "not guidance-distilled, at guidance > 1), 3 with SD3's skip-layer guidance (--extra "
+             "skip_guidance_layers=[...]), 1 on guidance-distilled models (FLUX.1-dev, FLUX.2); docs/layouts.md "
+             "(default: 1)",
+        switches=(("use-cfg-parallel", 2, "the same as --cfg-degree 2, xDiT's switch (default: off)"),))
     pipefusion_parallel_degree: int = flagged(
         1, flag="pipefusion-parallel-degree", type=int, metavar="P",
         help="PipeFusion: transformer blocks in P pipeline stages over image patches, with one-step-stale "
@@ -118,14 +124,15 @@ class ParallelConfig:
             raise ConfigError(f"--compile takes a torch.compile backend name such as 'inductor', got {self.compile!r}.")
         for f, spec in flag_specs(type(self)):  # the degrees
             value = getattr(self, f.name)
-            if not (spec.argparse.get("type") is int or f.name == "cfg_degree"):
+            if spec.argparse.get("type") is not int:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                # --use-cfg-parallel is a switch: its message names the degree
-                flag = "cfg degree" if f.name == "cfg_degree" else f"--{spec.name}"
+                flag = f"--{spec.name}"
                 raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}: use {flag} 1 or more.")
-        if self.cfg_degree not in (1, 2):
-            raise ConfigError(f"cfg degree must be 1 or 2 (one rank group per guidance branch), got {self.cfg_degree}.")
+        if self.cfg_degree > MAX_CFG_DEGREE:
+            raise ConfigError(f"--cfg-degree {self.cfg_degree}: no family runs more than {MAX_CFG_DEGREE} guidance "
+                              f"branches per step (one rank group per branch at most): use --cfg-degree <= "
+                              f"{MAX_CFG_DEGREE}.")
         if world_size is not None and world_size != self.world_size:
             raise ConfigError(
                 f"The degrees multiply to {self.world_size} ({self._product_text()}) but the world has "

@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 from .config import GenerateRequest, ParallelConfig
-from .engine_settings import EngineSettings, check_lora_beside_fp8
+from .engine_settings import EngineSettings, check_lora_layout
 from .errors import ConfigError
-from .lora_files import named_adapters
+from .lora_files import adapters_for_experts
 from .distributed.mesh import ParallelMesh, SingleProcessMesh
 from .loading.options import LoadOptions
 from .models.info import ModelInfo
@@ -56,9 +56,12 @@ class Engine:
     """
 
     def __init__(self, pipe, mesh: ParallelMesh | None = None, vae: VaeDecodeSettings | None = None, fp8=None,
-                 loras: dict[str, str] | None = None, offload: str | None = None) -> None:
-        """loras: LoRA adapters to load, name -> file (requests choose among them: GenerateRequest.loras);
-        offload: "blocks" keeps the blocks' weights in host memory between uses (--offload blocks)."""
+                 loras: dict[str, str] | None = None, lora_experts: dict[str, tuple[str, ...]] | None = None,
+                 offload: str | None = None) -> None:
+        """loras: LoRA adapters to load, name -> file (requests choose among them: GenerateRequest.loras).
+        lora_experts: name -> the denoisers that adapter loads into, where not ("transformer",) (Wan 2.2's second
+        expert: ("transformer_2",), or both). offload: "blocks" keeps the blocks' weights in host memory between
+        uses (--offload blocks)."""
         self.pipe = pipe
         self.mesh = mesh if mesh is not None else SingleProcessMesh(pipe.transformer.device)
         self.vae = vae or VaeDecodeSettings()
@@ -67,6 +70,7 @@ class Engine:
         self.recipe = self.info.make_recipe(pipe)
         self.info.check_layout(self.mesh.config)  # the CLI's ConfigError, before any hook is installed
         self.adapters = dict(loras or {})  # name -> file
+        self.adapter_experts = dict(lora_experts or {})  # name -> denoisers, where not the first alone
         self._held: set[str] = set()  # the adapters with tensors on this rank (PipeFusion: this stage's blocks)
         self._active: tuple = ()  # the (name, weight) pairs now set
         if self.adapters:  # before any hook: a hook on a Linear layer must see its adapted output
@@ -80,13 +84,15 @@ class Engine:
     @classmethod
     def from_pretrained(cls, model: str | None = None, mesh: ParallelMesh | None = None, torch_dtype=None,
                         vae: VaeDecodeSettings | None = None, show_progress: bool = False,
-                        loading=None, fp8=None, device=None, verbose: bool = False, loras=()) -> "Engine":
+                        loading=None, fp8=None, device=None, verbose: bool = False, loras=(),
+                        loras_2=()) -> "Engine":
         """`model`: a pipeline folder or Hub id; None: meshdit's bundled model (with its own size, steps and
         guidance as request defaults). Loading progress bars show only with show_progress=True.
         `loading`: LoadOptions (memory-efficient load, text-encoder placement); `fp8`: Fp8Config.
         `device` (no mesh only): e.g. "cpu" or "cuda:1"; unset, a visible GPU, else the CPU (engine_device);
         `engine.device` and each GenerateResult.device say which. Unless verbose, library warnings stay quiet
-        as in `meshdit generate`. `loras`: LoRA adapter files to load (requests name them by file stem or path).
+        as in `meshdit generate`. `loras`: LoRA adapter files to load (requests name them by file stem or path);
+        `loras_2`: adapter files for Wan 2.2's second expert (transformer_2; a file in both loads into both).
         A model that is not there is one ConfigError naming it, agreed over the mesh.
         The same as `from_settings(EngineSettings(...), mesh)`, which the CLI's ranks call."""
         if model is None:
@@ -96,7 +102,7 @@ class Engine:
         settings = EngineSettings(model, mesh.config if mesh is not None else ParallelConfig(),
                                   EngineSettings.dtype_name(torch_dtype), vae or VaeDecodeSettings(),
                                   loading or LoadOptions(), fp8, verbose)
-        settings.loras = tuple(named_adapters(list(loras)).items())
+        settings.loras, settings.lora_experts = adapters_for_experts(list(loras), list(loras_2))
         return cls.from_settings(settings, mesh, device, show_progress or verbose)
 
     @classmethod
@@ -123,9 +129,12 @@ class Engine:
         with _progress_bars(settings.verbose if show_progress is None else show_progress):
             pipe = load_pipeline(settings.model, device, settings.torch_dtype(), mesh, settings.loading,
                                  vae_here=vae_here,
-                                 # under tp the shards are quantized after the split (combine/parallelize)
-                                 fp8_gemm=fp8 is not None and fp8.gemm and settings.config.tensor_parallel_degree == 1)
-        return cls(pipe, mesh, settings.vae, fp8, dict(settings.loras), settings.loading.offload)
+                                 # under tp the shards are quantized after the split, with LoRA after the adapters
+                                 # wrap the Linear layers (combine/parallelize)
+                                 fp8_gemm=fp8 is not None and fp8.gemm and settings.config.tensor_parallel_degree == 1
+                                 and not settings.loras)
+        return cls(pipe, mesh, settings.vae, fp8, dict(settings.loras), dict(settings.lora_experts),
+                   settings.loading.offload)
 
     @property
     def device(self) -> torch.device:
@@ -198,10 +207,12 @@ class Engine:
                 for a, b in zip(offsets[:-1], offsets[1:])]
 
     def _load_adapters(self, fp8) -> None:
-        from .loading.lora import check_pipeline_takes_lora, load_adapter, remove_adapters
+        from .loading.lora import (FIRST_EXPERT, check_linears_not_quantized, check_pipeline_takes_lora, load_adapter,
+                                   remove_adapters)
 
-        check_lora_beside_fp8(True, fp8)
+        check_lora_layout(True, self.mesh.config)
         check_pipeline_takes_lora(self.pipe)
+        check_linears_not_quantized(self.pipe)  # FP8 GEMMs: parallelize quantizes after the adapters load
         keep = None
         if self.mesh.config.pipefusion_parallel_degree > 1:  # this stage's blocks only
             from .loading.stages import stage_keep
@@ -210,7 +221,7 @@ class Engine:
                               self.mesh.size("pp"))
         try:
             for name, path in self.adapters.items():
-                if load_adapter(self.pipe, name, path, keep):
+                if load_adapter(self.pipe, name, path, keep, self.adapter_experts.get(name, (FIRST_EXPERT,))):
                     self._held.add(name)
         except ConfigError:
             remove_adapters(self.pipe, sorted(self._held))  # nothing half-applied: the pipeline as it was loaded

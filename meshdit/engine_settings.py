@@ -36,6 +36,9 @@ class EngineSettings:
     loras: tuple[tuple[str, str], ...] = ()
     """LoRA adapters every rank loads when the engine is built, (name, file): generate's --lora files, serve's
     --lora-dir; requests choose among them (GenerateRequest.loras)."""
+    lora_experts: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """(name, denoisers) for the adapters of `loras` that load elsewhere than into `transformer` alone: generate's
+    --lora-2 files go into Wan 2.2's second expert, ("transformer_2",), or both when also given to --lora."""
 
     def validate(self) -> None:
         """The settings' own ranges (no model needed); ConfigError naming the flag. prelaunch adds the model's."""
@@ -49,7 +52,7 @@ class EngineSettings:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.fp8 is not None:
             self.fp8.validate(self.config.pipefusion_parallel_degree)
-        check_lora_beside_fp8(self.loras, self.fp8)
+        check_lora_layout(self.loras, self.config)
 
     def torch_dtype(self):
         """The torch dtype of `dtype` (None stays None: the device decides). Imports torch."""
@@ -65,9 +68,11 @@ class EngineSettings:
         return None if torch_dtype is None else str(torch_dtype).removeprefix("torch.")
 
 
-def check_lora_beside_fp8(loras, fp8) -> None:
-    """LoRA adapters run beside the Linear layers FP8 GEMMs replace: refused together (EngineSettings.validate,
-    and Engine for a pipeline given directly)."""
-    if loras and fp8 is not None and fp8.gemm:
-        raise ConfigError("--lora with --fp8-gemm: FP8 GEMMs replace the Linear layers an adapter runs beside; "
-                          "drop one of them (docs/lora.md)")
+def check_lora_layout(loras, config: ParallelConfig) -> None:
+    """Tensor parallelism splits the Linear layers' weights, not the adapters peft puts beside them (their shapes
+    then disagree inside attention): refused until the adapters are split too (EngineSettings.validate, and Engine
+    for a pipeline given directly)."""
+    if loras and config.tensor_parallel_degree > 1:
+        raise ConfigError("--lora with --tensor-parallel-degree: tensor parallelism splits the base weights but not "
+                          "the adapters beside them; give the ranks to --ulysses-degree, --ring-degree, --cfg-degree "
+                          "or --pipefusion-parallel-degree instead (docs/lora.md)")

@@ -26,7 +26,10 @@ class FlagSpec:
     cli_default: Any = _UNSET
     """The flag's default where it differs from the field's (e.g. --prompt: none, so --prompt-file can be alone)."""
     to_field: Callable[[Any], Any] | None = None
-    """Flag value -> field value, where they differ (e.g. --use-cfg-parallel -> cfg_degree 2)."""
+    """Flag value -> field value, where they differ (e.g. --no-kv-drift-correction -> kv_drift_correction False)."""
+    switches: tuple[tuple[str, Any, str], ...] = ()
+    """Further flags that take no value and set the field to a constant: (name, value, help), e.g. xDiT's
+    --use-cfg-parallel (cfg degree 2)."""
 
     @property
     def dest(self) -> str:
@@ -35,9 +38,10 @@ class FlagSpec:
 
 
 def flagged(default: Any = dataclasses.MISSING, *, flag: str, help: str, aliases: tuple[str, ...] = (),
-            cli_default: Any = _UNSET, to_field: Callable[[Any], Any] | None = None, **argparse_kwargs) -> Any:
+            cli_default: Any = _UNSET, to_field: Callable[[Any], Any] | None = None, switches: tuple = (),
+            **argparse_kwargs) -> Any:
     """A dataclass field with a flag: `ulysses_degree: int = flagged(1, flag="ulysses-degree", help=..., type=int)`."""
-    spec = FlagSpec(flag, help, tuple(aliases), argparse_kwargs, cli_default, to_field)
+    spec = FlagSpec(flag, help, tuple(aliases), argparse_kwargs, cli_default, to_field, tuple(switches))
     return field(default=default, metadata={"flag": spec})
 
 

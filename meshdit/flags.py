@@ -16,6 +16,7 @@ from .config import BUNDLED, GenerateRequest, ParallelConfig
 from .errors import ConfigError
 from .engine_settings import DTYPES, EngineSettings
 from .flag_spec import cli_default, flag_specs
+from .lora_files import parse_lora_flag
 
 
 class FlagParser(argparse.ArgumentParser):
@@ -72,6 +73,9 @@ def add_settings_flags(group, cls, skip: tuple[str, ...] = ()) -> None:
             continue
         flag(group, spec.name, *spec.aliases, dest=spec.dest, default=cli_default(f, spec), help=spec.help,
              **spec.argparse)
+        for name, value, help_text in spec.switches:
+            flag(group, name, dest=spec.dest, action="store_const", const=value, default=cli_default(f, spec),
+                 help=help_text)
 
 
 def settings_from_args(cls, args, **values):
@@ -138,6 +142,11 @@ def add_request_flags(parser, skip: tuple[str, ...] = (),
          help="a pipeline __call__ argument without a flag of its own, its value in JSON, repeatable; "
               "the family's keys only (HunyuanVideo: prompt_template, LTX: decode_timestep, decode_noise_scale), "
               "e.g. --extra 'prompt_template={\"template\": \"{}\", \"crop_start\": 0}' (default: none)")
+    if "lora_2" not in skip:  # an engine adapter, switched on for this request as --lora's are
+        flag(group, "lora-2", action="append", type=parse_lora_flag, default=None, metavar="PATH[:WEIGHT]",
+             help="Wan 2.2 A14B: a LoRA adapter for the second (low-noise) expert, transformer_2, as diffusers' "
+                  "load_into_transformer_2; repeatable; a file given to --lora too loads into both experts "
+                  "(default: none; docs/lora.md)")
     add_cache_flags(parser)  # GenerateRequest.cache: its own group
 
 

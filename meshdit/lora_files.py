@@ -60,6 +60,31 @@ def named_adapters(paths: list[str]) -> dict[str, str]:
     return named
 
 
+def adapters_for_experts(first: list[str], second: list[str]) -> tuple[tuple, tuple]:
+    """--lora files (the first denoiser, `transformer`) and --lora-2 files (Wan 2.2's second expert,
+    `transformer_2`) -> (((name, path), ...), ((name, denoisers), ...) for the adapters not on the first alone).
+    A file given to both is one adapter loaded into both experts."""
+    named = named_adapters(first + second)
+    given = {"transformer": {os.path.abspath(p) for p in first}, "transformer_2": {os.path.abspath(p) for p in second}}
+    into = {name: tuple(expert for expert, paths in given.items() if os.path.abspath(path) in paths)
+            for name, path in named.items()}
+    return tuple(named.items()), tuple((n, e) for n, e in into.items() if e != ("transformer",))
+
+
+def with_second_expert(loras: tuple, loras_2: list) -> tuple[tuple, tuple, tuple]:
+    """generate's --lora (PATH, WEIGHT) pairs and --lora-2 pairs -> (the request's loras: every adapter once, the
+    engine's (name, path) pairs, its lora_experts). A file in both is one adapter with one weight."""
+    weights = {os.path.abspath(p): (p, w) for p, w in loras}
+    for path, weight in loras_2:
+        given = weights.get(os.path.abspath(path))
+        if given is not None and given[1] != weight:
+            raise ConfigError(f"--lora-2 {path!r}: also given to --lora with weight {given[1]}, here {weight}: an "
+                              "adapter in both experts has one weight; give it the same weight in both")
+    request = tuple(loras) + tuple((p, w) for p, w in loras_2 if os.path.abspath(p) not in weights)
+    engine, experts = adapters_for_experts([p for p, _ in loras], [p for p, _ in loras_2])
+    return request, engine, experts
+
+
 def read_header(path: str, flag: str = "--lora") -> dict[str, dict]:
     """The safetensors header of an adapter file: tensor name -> {dtype, shape, data_offsets}."""
     if not os.path.isfile(path):
@@ -77,10 +102,11 @@ def read_header(path: str, flag: str = "--lora") -> dict[str, dict]:
     return header
 
 
-def model_linear_shapes(model: str) -> dict[str, tuple[int, ...]] | None:
+def model_linear_shapes(model: str, component: str = "transformer") -> dict[str, tuple[int, ...]] | None:
     """The model's transformer weights' shapes from their safetensors headers (a local folder only; None for a
-    Hub id or a folder without safetensors weights: the adapter is then checked when it loads)."""
-    folder = os.path.join(model, "transformer")
+    Hub id or a folder without safetensors weights: the adapter is then checked when it loads). component: the
+    denoiser's folder (Wan 2.2's second expert: transformer_2)."""
+    folder = os.path.join(model, component)
     index = os.path.join(folder, "diffusion_pytorch_model.safetensors.index.json")
     try:
         if os.path.exists(index):
@@ -106,11 +132,13 @@ def check_pipeline_takes_lora(pipeline_class: str, flag: str = "--lora") -> None
                           "(docs/lora.md lists the families that take one)")
 
 
-def check_adapter_file(path: str, model: str | None = None, flag: str = "--lora") -> None:
+def check_adapter_file(path: str, model: str | None = None, flag: str = "--lora",
+                       component: str = "transformer") -> None:
     """The file exists and has a readable header; its diffusers-format transformer tensors name Linear layers the
-    model has, with matching sizes (when the model is a local folder). ConfigError naming the file and tensor."""
+    model's `component` has, with matching sizes (when the model is a local folder). ConfigError naming the file
+    and tensor."""
     header = read_header(path, flag)
-    shapes = model_linear_shapes(model) if model is not None else None
+    shapes = model_linear_shapes(model, component) if model is not None else None
     if shapes is None:
         return
     for tensor, meta in header.items():

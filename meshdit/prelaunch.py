@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .config import GenerateRequest
 from .engine_settings import EngineSettings
+from .errors import ConfigError
 
 
 def check_before_launch(engine: EngineSettings, request: GenerateRequest, num_images: int | None = None,
@@ -32,10 +33,24 @@ def check_before_launch(engine: EngineSettings, request: GenerateRequest, num_im
     info = ModelInfo.from_pretrained(engine.model)
     if engine.loras:  # the family, then the files and their headers against the model's weights (no torch)
         check_pipeline_takes_lora(info.pipeline_class)
-    for _, path in engine.loras:
-        check_adapter_file(path, engine.model)
+    experts = dict(engine.lora_experts)
+    for name, path in engine.loras:
+        for component in experts.get(name, ("transformer",)):
+            flag = "--lora" if component == "transformer" else "--lora-2"
+            if component != "transformer" and not _has_component(engine.model, component):
+                raise ConfigError(f"{flag} {path!r}: this {info.pipeline_class} has no second expert ({component}); "
+                                  "only Wan 2.2's two-expert models have one: use --lora")
+            check_adapter_file(path, engine.model, flag, component)
     request = request.with_defaults(info.request_defaults())
     info.check_request(config, request, num_images, image_per_request)
     check_vae_of_model(engine.model, engine.vae, request.height, request.width)
     check_torchrun_world(config.world_size)
     return info, request
+
+
+def _has_component(model: str, name: str) -> bool:
+    """model_index.json names a class for component `name` (an absent one is [null, null] or missing)."""
+    from .config_files import read_json
+
+    entry = read_json(model, "model_index.json").get(name)
+    return isinstance(entry, list) and len(entry) == 2 and entry[1] is not None

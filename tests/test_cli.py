@@ -191,7 +191,7 @@ def test_help_gives_every_flag_a_help_text_with_its_default(capsys):
 
 
 # Every spelling users have today (xDiT's included): none may disappear.
-GENERATE_FLAGS = """--attention-backend --attention_backend --data-parallel-degree --data_parallel_degree --dtype --fp8-comm
+GENERATE_FLAGS = """--attention-backend --attention_backend --cfg-degree --cfg_degree --lora-2 --lora_2 --data-parallel-degree --data_parallel_degree --dtype --fp8-comm
 --fp8-comm-k --fp8-gemm --fp8_comm --fp8_comm_k --fp8_gemm --guidance-scale --guidance_scale --height
 --max-sequence-length --max_sequence_length --memory-efficient-load --memory_efficient_load
 --memory_efficient_replicated_load --model --negative-prompt --negative_prompt --no-kv-drift-correction
@@ -202,7 +202,7 @@ GENERATE_FLAGS = """--attention-backend --attention_backend --data-parallel-degr
 --use-cfg-parallel --use-fp8-gemms --use-parallel-vae --use_cfg_parallel --use_fp8_gemms --use_parallel_vae
 --vae-tile-frames --vae-tile-height --vae-tile-overlap --vae-tile-width --vae_tile_frames --vae_tile_height
 --vae_tile_overlap --vae_tile_width --verbose --warmup-steps --warmup_steps --width""".split()
-SERVE_FLAGS = """--api-key --data-parallel-degree --data_parallel_degree --dtype --guidance-scale --guidance_scale --height
+SERVE_FLAGS = """--api-key --cfg-degree --cfg_degree --data-parallel-degree --data_parallel_degree --dtype --guidance-scale --guidance_scale --height
 --host --max-batch-images --max-images --max-queue --max-sequence-length --max_sequence_length --model --no-batching
 --no-kv-drift-correction --no_kv_drift_correction
 --num-inference-steps --num-pipeline-patch --num_inference_steps --num_pipeline_patch --pipefusion-parallel-degree
@@ -242,6 +242,7 @@ def test_flags_are_built_from_the_settings_fields():
         assert settings_from_args(cls, args) == cls()
     args = parser.parse_args(["--use-cfg-parallel", "--vae_tile_width", "512", "--steps", "3"])
     assert settings_from_args(ParallelConfig, args).cfg_degree == 2
+    assert settings_from_args(ParallelConfig, parser.parse_args(["--cfg-degree", "3"])).cfg_degree == 3
     assert settings_from_args(VaeDecodeSettings, args).tile_width == 512
     assert settings_from_args(GenerateRequest, args, prompt=["a"]).num_inference_steps == 3
     assert settings_from_args(GenerateRequest, args, prompt=["a"]).kv_drift_correction  # on unless turned off

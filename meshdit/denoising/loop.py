@@ -7,7 +7,7 @@ import signal
 import torch
 from tqdm.auto import tqdm
 
-from ..parallel.cfg import exchange_branches, local_branches
+from ..parallel.cfg import BranchExchange, local_branches
 from .recipe import DenoiseState, Recipe
 
 
@@ -23,11 +23,12 @@ def denoise(recipe: Recipe, state: DenoiseState, cfg_group=None,
             show_progress: bool = False, on_step=None) -> torch.Tensor:
     """Runs every step; returns the final latents.
 
-    With a CFG group of two ranks, each runs one guidance branch and the two noise
-    predictions are exchanged, so both apply the same guidance (exact).
-    NOTE: both ranks of `cfg_group` join one all_gather per step.
+    With a CFG group of d ranks, each runs its guidance branches (parallel/cfg.py: round-robin) and the noise
+    predictions are exchanged, so all apply the same guidance (exact).
+    NOTE: every rank of `cfg_group` joins one all_gather per step.
     """
     branches, local, cfg_size = local_branches(state, cfg_group)
+    exchange = BranchExchange(branches, cfg_group)
     latents = state.latents
     fail_at = _injected_failure()
     for i, t in enumerate(tqdm(state.timesteps, disable=not show_progress, desc="denoising", unit="step")):
@@ -35,9 +36,11 @@ def denoise(recipe: Recipe, state: DenoiseState, cfg_group=None,
             fail_injected(i)
         if on_step is not None and on_step(i, len(state.timesteps)):  # agreed by every rank (Engine)
             raise GenerationCancelled(i)
-        preds = recipe.predict(state, latents, t, local)
+        active = recipe.step_branches(state, i)
+        mine = [b for b in local if b in active]
+        preds = recipe.predict(state, latents, t, mine) if mine else {}
         if cfg_size > 1:
-            preds = exchange_branches(preds[local[0]], branches, cfg_group)
+            preds = exchange(preds, active, latents)
         noise_pred = recipe.guide(state, preds)
         latents = recipe.step(state, noise_pred, t, latents)
     return latents

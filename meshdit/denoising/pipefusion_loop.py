@@ -14,7 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..distributed.comm import split_sizes
-from ..parallel.cfg import exchange_branches, local_branches
+from ..parallel.cfg import BranchExchange, local_branches
 from .loop import GenerationCancelled, _injected_failure, fail_injected
 from .recipe import DenoiseState, Recipe
 
@@ -39,6 +39,7 @@ def pipefusion_denoise(recipe: Recipe, state: DenoiseState, pipefusion, sequence
 def _patch_pipeline(recipe: Recipe, state: DenoiseState, pf, sequence_state, cfg_group, warmup_steps: int,
                     num_patches: int, show_progress: bool, on_step) -> torch.Tensor:
     branches, local, cfg_size = local_branches(state, cfg_group)
+    exchange = BranchExchange(branches, cfg_group)
     rows, cols = recipe.token_grid(state)
     sizes = split_sizes(rows, num_patches)
     patches = [(sum(sizes[:p]), sum(sizes[:p + 1])) for p in range(num_patches)]
@@ -78,13 +79,13 @@ def _patch_pipeline(recipe: Recipe, state: DenoiseState, pf, sequence_state, cfg
             # the last patch's window runs to the image stream's end: tokens after the grid (FLUX.1 Kontext's
             # reference image) are computed with it
             with sequence_state.patch_window(row0 * cols, row1 * cols if row1 < rows else None):
-                for branch in local:
+                for branch in [b for b in local if b in recipe.step_branches(state, i)]:
                     with pf.stale_kv.for_branch(branch):
                         preds.update(recipe.predict(state, latents, t, [branch]))
             if not pf.is_last:
                 continue
             if cfg_size > 1:
-                preds = exchange_branches(preds[local[0]], branches, cfg_group)
+                preds = exchange(preds, recipe.step_branches(state, i), latents)
             noise_pred = recipe.guide(state, preds)
             # the hand-back goes in the pieces stage 0 will read next step; stage 0 holds their old values
             pieces = []

@@ -73,15 +73,22 @@ class Recipe:
     def predict(self, state: DenoiseState, latents: torch.Tensor, t: torch.Tensor,
                 branches: list[str]) -> dict[str, torch.Tensor]:
         """Noise prediction per branch; branches that take batched inputs run as one call."""
-        calls = [self.model_inputs(state, latents, t, b) for b in branches]
         transformer = self.transformer_for(state, t)
-        if len(calls) > 1 and self.batch_branches:
-            merged = _cat_batch(calls, self.unbatched_keys)
+        batched = [b for b in branches if b not in self.solo_branches] if self.batch_branches else []
+        preds = {}
+        if len(batched) > 1:
+            merged = _cat_batch([self.model_inputs(state, latents, t, b) for b in batched], self.unbatched_keys)
             out = transformer(**merged, return_dict=False)[0]
-            preds = dict(zip(branches, out.chunk(len(branches))))
-        else:
-            preds = {b: transformer(**kw, return_dict=False)[0] for b, kw in zip(branches, calls)}
-        return {b: self.postprocess_prediction(state, p) for b, p in preds.items()}
+            preds = dict(zip(batched, out.chunk(len(batched))))
+        for b in branches:
+            if b not in preds:
+                preds[b] = transformer(**self.model_inputs(state, latents, t, b), return_dict=False)[0]
+        return {b: self.postprocess_prediction(state, preds[b]) for b in branches}
+
+    def step_branches(self, state: DenoiseState, step: int) -> list[str]:
+        """The branches step number `step` runs, in the state's order (all of them, except where a family's guidance
+        adds a pass on some steps only: SD3's skip-layer guidance)."""
+        return state.branch_names
 
     def transformer_for(self, state: DenoiseState, t: torch.Tensor):
         """The denoiser that runs at timestep t (one, except for pipelines of several experts: Wan 2.2)."""
@@ -89,6 +96,10 @@ class Recipe:
 
     batch_branches = False
     """Run cond and uncond as one batched call, as the diffusers pipeline does."""
+
+    solo_branches: tuple[str, ...] = ()
+    """Branches that run as a call of their own even when the others are batched (SD3's skip-layer pass: diffusers
+    runs it apart, with other arguments)."""
 
     unbatched_keys: tuple[str, ...] = ()
     """Tensors without a batch dim, kept whole when the batch is split (e.g. Flux's [S, 3] ids)."""

@@ -14,6 +14,7 @@ from ..errors import ConfigError
 from ..lora_files import PEFT_KEY_PARTS
 
 TRANSFORMER_PREFIX = "transformer."
+FIRST_EXPERT, SECOND_EXPERT = "transformer", "transformer_2"  # Wan 2.2: high-noise, low-noise expert
 
 
 def check_pipeline_takes_lora(pipe) -> None:
@@ -23,17 +24,37 @@ def check_pipeline_takes_lora(pipe) -> None:
                           "drop --lora / --lora-dir for this model (docs/lora.md lists the families that take one)")
 
 
+def check_linears_not_quantized(pipe) -> None:
+    """peft wraps nn.Linear layers only, so adapters load before FP8 GEMMs quantize them (the engine's order: the
+    FP8 Linear then sits under peft's layer as its base layer). A pipeline handed over already quantized is refused."""
+    from ..quant.fp8_linear import Fp8Linear
+
+    for name in ("transformer", "transformer_2"):
+        denoiser = getattr(pipe, name, None)
+        if denoiser is not None and any(isinstance(m, Fp8Linear) for m in denoiser.modules()):
+            raise ConfigError(f"--lora: this pipeline's {name} already has FP8 Linear layers, which LoRA adapters "
+                              "cannot wrap: load it without FP8 GEMMs and pass the Fp8Config to the Engine, which "
+                              "quantizes after the adapters load")
+
+
 def diffusers_version() -> str:
     import diffusers
 
     return diffusers.__version__
 
 
-def load_adapter(pipe, name: str, path: str, keep: Callable[[str], bool] | None = None) -> bool:
-    """Loads the adapter file `path` as `name`. keep(transformer tensor name): False drops a tensor (another
-    PipeFusion stage's block). Returns False when nothing of it is held here (every tensor another stage's).
+def load_adapter(pipe, name: str, path: str, keep: Callable[[str], bool] | None = None,
+                 experts: tuple[str, ...] = (FIRST_EXPERT,)) -> bool:
+    """Loads the adapter file `path` as `name` into the denoisers `experts` ("transformer", and Wan 2.2's second
+    expert "transformer_2": diffusers' load_into_transformer_2; the file's tensors are named `transformer.*` for
+    either). keep(transformer tensor name): False drops a tensor (another PipeFusion stage's block; both experts are
+    cut alike). Returns False when nothing of it is held here (every tensor another stage's).
     A failed load leaves the pipeline as it was (no half-applied adapter) and raises ConfigError naming the file."""
     check_pipeline_takes_lora(pipe)
+    for expert in experts:
+        if getattr(pipe, expert, None) is None:
+            raise ConfigError(f"--lora-2 {path!r}: this {type(pipe).__name__} has no second expert ({expert}); "
+                              "only Wan 2.2's two-expert models have one: use --lora")
     try:
         state = pipe.lora_state_dict(path)  # converts kohya / xlabs formats where diffusers knows them
         if isinstance(state, tuple):  # some mixins return (state, network_alphas, ...)
@@ -45,11 +66,14 @@ def load_adapter(pipe, name: str, path: str, keep: Callable[[str], bool] | None 
                  if not k.startswith(TRANSFORMER_PREFIX) or keep(k.removeprefix(TRANSFORMER_PREFIX))}
     if not state:
         return False
-    check_fits(pipe.transformer, state, path)
+    for expert in experts:
+        check_fits(getattr(pipe, expert), state, path)
     before = list_adapters(pipe)
     try:
         with _quiet_diffusers():
-            pipe.load_lora_weights(state, adapter_name=name)
+            for expert in experts:
+                second = {"load_into_transformer_2": True} if expert == SECOND_EXPERT else {}
+                pipe.load_lora_weights(state, adapter_name=name, **second)
     except Exception as exc:
         remove_adapters(pipe, [name] if name not in before else [])
         raise ConfigError(f"--lora {path!r}: diffusers could not load it into {type(pipe).__name__}: {exc}") from None

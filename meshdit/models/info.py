@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -155,6 +156,7 @@ class ModelInfo:
             raise ConfigError(f"--max-sequence-length {tokens} exceeds what this {self.pipeline_class}'s text encoder "
                               f"takes ({limit} tokens): use --max-sequence-length <= {limit}.")
         self.check_call_arguments(request)
+        self.check_layer_guidance(config, request)
         self.check_frames_and_image(request, image_per_request)
         self.check_cache(config, request)
         if self.pipeline_class in self.family.image_tokens_after_grid_pipelines and \
@@ -165,7 +167,7 @@ class ModelInfo:
                 f"--warmup-steps {request.num_inference_steps} (>= --steps), or drop --pipefusion-parallel-degree.")
         self.check(config, request.height, request.width, request.guidance_scale,
                    num_images or len(request.prompts) * request.num_images_per_prompt, request.patches(config),
-                   request.num_frames)
+                   request.num_frames, request.extra)
 
     def check_call_arguments(self, request: GenerateRequest) -> None:
         """request.extra holds max_sequence_length and the family's call_arguments only: any other key would
@@ -257,6 +259,13 @@ class ModelInfo:
         if request.image is not None:  # a path, or a PIL image the API passes
             open_image(request.image, "--image")
 
+    def guidance_branches(self, guidance_scale: float | None, extra: dict | None = None) -> int:
+        """Guidance branches (transformer passes) of the busiest step: 1, 2 with CFG, plus one per layer-guidance
+        argument given (SD3's skip_guidance_layers: 3). The cfg axis takes at most this many rank groups."""
+        if not self.runs_cfg(guidance_scale):
+            return 1
+        return 2 + sum(1 for key in self.family.layer_guidance_arguments if (extra or {}).get(key))
+
     def runs_cfg(self, guidance_scale: float | None) -> bool:
         """Whether a generation runs two guidance branches (cond and uncond) per step."""
         if self.family.is_guidance_distilled(self.transformer_config):
@@ -272,17 +281,11 @@ class ModelInfo:
             self.transformer_config)
 
     def check(self, config: ParallelConfig, height: int, width: int, guidance_scale: float | None = None,
-              num_images: int = 1, patches: int | None = None, num_frames: int | None = None) -> None:
-        """Refuses a layout, resolution or request this model cannot run, saying what to change."""
-        if config.cfg_degree > 1 and not self.runs_cfg(guidance_scale):
-            if self.family.is_guidance_distilled(self.transformer_config):
-                why = (f"this {self.pipeline_class} model is guidance-distilled: it embeds the guidance scale and "
-                       "runs a single branch per step")
-            else:
-                why = f"guidance scale {guidance_scale} turns classifier-free guidance off (it needs a scale > 1)"
-            raise ConfigError(f"CFG parallel splits the conditional and unconditional branches over two rank groups, "
-                              f"but {why}. Drop --use-cfg-parallel (give the ranks to --ulysses-degree or "
-                              "--ring-degree instead).")
+              num_images: int = 1, patches: int | None = None, num_frames: int | None = None,
+              extra: dict | None = None) -> None:
+        """Refuses a layout, resolution or request this model cannot run, saying what to change.
+        extra: the request's --extra values (a layer-guidance argument adds a guidance branch)."""
+        self._check_cfg_degree(config, guidance_scale, extra)
         if num_images < config.data_parallel_degree:
             raise ConfigError(
                 f"data-parallel degree {config.data_parallel_degree} needs at least as many images, but the request "
@@ -293,7 +296,7 @@ class ModelInfo:
                 f"data parallelism cannot give each image the noise one process gives it: this model's "
                 f"{self.scheduler_class} draws fresh noise in every step, from one generator for the whole batch. "
                 "Drop --data-parallel-degree (give the ranks to --ulysses-degree, --ring-degree or "
-                "--use-cfg-parallel), or run one image per command.")
+                "--cfg-degree), or run one image per command.")
         self.check_layout(config)
         multiple = self.family.pixel_multiple(self.transformer_config, self.vae_scale_factor)
         for name, value in (("height", height), ("width", width)):
@@ -352,6 +355,53 @@ class ModelInfo:
             f"--num-frames gives {frames} latent frames, more than this model's rotary table covers ({limit} "
             f"positions per axis, its transformer's rope_max_seq_len): use --num-frames <= "
             f"{(limit * self.family.temporal_patch(self.transformer_config) - 1) * self.vae_temporal_factor + 1}.")
+
+    def _check_cfg_degree(self, config: ParallelConfig, guidance_scale: float | None, extra: dict | None) -> None:
+        """The cfg axis deals the branches of a step over its rank groups: no more groups than branches."""
+        degree, branches = config.cfg_degree, self.guidance_branches(guidance_scale, extra)
+        if branches > 2 and config.pipefusion_parallel_degree > 1:
+            key = next(iter(self.family.layer_guidance_arguments))
+            raise ConfigError(f"--extra {key} runs a guidance pass that skips blocks, which PipeFusion's stages "
+                              "cannot skip: drop --pipefusion-parallel-degree (use --cfg-degree, --ulysses-degree or "
+                              "--ring-degree) or drop the extra.")
+        if degree <= branches:
+            return
+        if branches == 1:
+            if self.family.is_guidance_distilled(self.transformer_config):
+                why = (f"this {self.pipeline_class} model is guidance-distilled: it embeds the guidance scale and "
+                       "runs a single branch per step")
+            else:
+                why = f"guidance scale {guidance_scale} turns classifier-free guidance off (it needs a scale > 1)"
+            raise ConfigError(f"CFG parallel splits the guidance branches (conditional, unconditional) over rank "
+                              f"groups, but {why}. Drop --use-cfg-parallel / --cfg-degree (give the ranks to "
+                              "--ulysses-degree or --ring-degree instead).")
+        more = list(self.family.layer_guidance_arguments)
+        add = f"; --extra {more[0]}=[...] adds a branch" if more and branches == 2 else ""
+        raise ConfigError(f"--cfg-degree {degree} needs at least {degree} guidance branches per step, but this "
+                          f"request runs {branches} (conditional, unconditional"
+                          f"{', skip-layer' if branches > 2 else ''}){add}: use --cfg-degree <= {branches} and give "
+                          "the other ranks to --ulysses-degree or --ring-degree.")
+
+    def check_layer_guidance(self, config: ParallelConfig, request: GenerateRequest) -> None:
+        """A layer-guidance argument (SD3's skip_guidance_layers) names block indices; its pass runs on some steps
+        only, which the step cache does not follow (PipeFusion: _check_cfg_degree)."""
+        blocks = self.family.num_blocks(self.transformer_config)
+        for key, settings in self.family.layer_guidance_arguments.items():
+            for setting in settings:
+                value = request.extra.get(setting)
+                if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                          or not math.isfinite(value)):
+                    raise ConfigError(f"--extra {setting}={value!r}: give a finite number, e.g. --extra {setting}=0.2.")
+            layers = request.extra.get(key)
+            if layers is None:
+                continue
+            if not (isinstance(layers, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in layers)
+                    and all(0 <= i < blocks for i in layers)):
+                raise ConfigError(f"--extra {key}={layers!r}: give a list of block indices 0..{blocks - 1} "
+                                  f"(this transformer has {blocks} blocks), e.g. --extra {key}=[{blocks // 2}].")
+            if layers and request.cache.enabled:
+                raise ConfigError(f"--extra {key} runs a guidance pass on some steps only, which the step cache "
+                                  "does not follow: drop --cache or the extra.")
 
     def check_layout(self, config: ParallelConfig) -> None:
         """The checks that need the layout and the model alone (no request): the Python API runs them

@@ -105,6 +105,11 @@ class ModelFamily:
     refused_call_arguments: dict[str, str] = field(default_factory=dict)
     """Pipeline __call__ arguments meshdit does not pass, each -> why (ModelInfo.check_call_arguments says it when
     --extra gives one; LTXConditionPipeline's conditions beyond --image at frame 0)."""
+    layer_guidance_arguments: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Of call_arguments, those naming transformer blocks (indices) that a further guidance pass runs without (SD3's
+    skip_guidance_layers) -> the call_arguments that set that pass (numbers: its scale, start, stop). Given, each
+    adds one guidance branch on the steps it applies to, while CFG runs (ModelInfo.guidance_branches; the cfg axis
+    can split them)."""
     # -- tests --
     tiny_module: str = ""
     """The module of the family's tiny random-weight pipelines (`meshdit.models.tiny.<family>`: BUILDERS, TESTS,
@@ -204,6 +209,11 @@ FAMILIES = (
     ModelFamily("sd3", "SD3Transformer2DModel", ("StableDiffusion3Pipeline",), "meshdit.models.sd3", packed=False,
                 default_steps=28, default_guidance=7.0, default_max_sequence_length=256,
                 max_sequence_length_limit=512,
+                call_arguments=("skip_guidance_layers", "skip_layer_guidance_scale", "skip_layer_guidance_start",
+                                "skip_layer_guidance_stop"),
+                layer_guidance_arguments={"skip_guidance_layers": ("skip_layer_guidance_scale",
+                                                                   "skip_layer_guidance_start",
+                                                                   "skip_layer_guidance_stop")},
                 tensor_parallel=True, tiny_module="meshdit.models.tiny.sd3"),
     ModelFamily("pixart", "PixArtTransformer2DModel", ("PixArtSigmaPipeline", "PixArtAlphaPipeline"),
                 "meshdit.models.pixart", packed=False, default_steps=20, default_guidance=4.5,

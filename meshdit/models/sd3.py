@@ -41,8 +41,15 @@ PLAN = ModelPlan(
 )
 
 
+SKIP_LAYERS = "skip_layers"
+"""Skip-layer guidance's third branch: the conditional pass with `skip_guidance_layers` left out."""
+# StableDiffusion3Pipeline.__call__'s defaults
+SKIP_LAYER_DEFAULTS = dict(skip_layer_guidance_scale=2.8, skip_layer_guidance_start=0.01, skip_layer_guidance_stop=0.2)
+
+
 class SD3Recipe(Recipe):
     batch_branches = True
+    solo_branches = (SKIP_LAYERS,)  # diffusers runs it as a call of its own, after the batched uncond and cond
 
     def prepare_settings(self, r, generator, device):
         pipe = self.pipe
@@ -54,6 +61,15 @@ class SD3Recipe(Recipe):
         branches = {COND: dict(encoder_hidden_states=embeds, pooled_projections=pooled)}
         if cfg:  # uncond first: the order diffusers batches them in
             branches = {UNCOND: dict(encoder_hidden_states=n_embeds, pooled_projections=n_pooled), **branches}
+        extra = {}
+        layers = r.extra.get("skip_guidance_layers")
+        if cfg and layers:  # skip-layer guidance (the pipeline applies it only with CFG)
+            slg = {key: r.extra.get(key, default) for key, default in SKIP_LAYER_DEFAULTS.items()}
+            steps = r.num_inference_steps  # the pipeline's window: start * steps < i < stop * steps
+            extra = dict(skip_layer_scale=slg["skip_layer_guidance_scale"], skip_layer_steps=tuple(
+                i for i in range(steps) if steps * slg["skip_layer_guidance_start"] < i
+                < steps * slg["skip_layer_guidance_stop"]))
+            branches[SKIP_LAYERS] = dict(**branches[COND], skip_layers=list(layers))
         latents = pipe.prepare_latents(embeds.shape[0], pipe.transformer.config.in_channels, r.height, r.width,
                                        embeds.dtype, device, generator)  # [B, C, h, w]
         kwargs = {}
@@ -64,7 +80,18 @@ class SD3Recipe(Recipe):
             kwargs["mu"] = calculate_shift(seq, sc.get("base_image_seq_len", 256), sc.get("max_image_seq_len", 4096),
                                            sc.get("base_shift", 0.5), sc.get("max_shift", 1.16))
         timesteps, _ = retrieve_timesteps(pipe.scheduler, r.num_inference_steps, device, **kwargs)
-        return DenoiseState(latents, timesteps, branches, r.guidance_scale, r.height, r.width)
+        return DenoiseState(latents, timesteps, branches, r.guidance_scale, r.height, r.width, extra)
+
+    def step_branches(self, state, step):
+        if step in state.extra.get("skip_layer_steps", ()):
+            return state.branch_names
+        return [b for b in state.branch_names if b != SKIP_LAYERS]
+
+    def guide(self, state, preds):
+        noise_pred = super().guide(state, preds)
+        if SKIP_LAYERS in preds:  # the pipeline's arithmetic, in its order
+            noise_pred = noise_pred + (preds[COND] - preds[SKIP_LAYERS]) * state.extra["skip_layer_scale"]
+        return noise_pred
 
     def model_inputs(self, state, latents, t, branch):
         return dict(hidden_states=latents, timestep=t.expand(latents.shape[0]), joint_attention_kwargs=None,

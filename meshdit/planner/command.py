@@ -7,6 +7,7 @@ import re
 
 from ..config import GenerateRequest
 from ..errors import ConfigError
+from ..flags import parse_extra
 from .choose import load_model, make_plan, smallest_fitting_world
 from .hardware import CPU_HERE, PRESET_NAMES, describe, world_from
 from .snapshots import snapshot_names
@@ -30,6 +31,9 @@ def add_plan_parser(commands) -> None:
     req.add_argument("--guidance-scale", "--guidance", dest="guidance_scale", type=float,
                      help="guidance scale; > 1 runs two branches (CFG) on models that are not guidance-distilled")
     req.add_argument("--images", type=int, default=1, help="images in one request (default: 1)")
+    req.add_argument("--extra", action="append", default=None, metavar="KEY=JSON",
+                     help="a recipe argument as in meshdit generate, e.g. SD3's --extra skip_guidance_layers=[7,8,9] "
+                          "(a third guidance branch: --cfg-degree 3 becomes legal) (default: none)")
     req.add_argument("--warmup-steps", type=int, default=1, help="PipeFusion's warmup steps (default: 1)")
     req.add_argument("--num-pipeline-patch", type=int, default=None, help="PipeFusion's patches (default: degree)")
     hw = p.add_argument_group("world")
@@ -64,7 +68,7 @@ def request_from_plan_args(args) -> GenerateRequest:
     request = GenerateRequest(prompt=["a prompt"] * args.images, height=height, width=width,
                               num_inference_steps=args.steps, guidance_scale=args.guidance_scale,
                               num_frames=args.num_frames, warmup_steps=args.warmup_steps,
-                              num_pipeline_patch=args.num_pipeline_patch)
+                              num_pipeline_patch=args.num_pipeline_patch, extra=parse_extra(args.extra))
     return request
 
 
@@ -105,7 +109,9 @@ def format_plan(plan, args) -> str:
     r = plan.request
     info = plan.costs.info
     frames = f" x {r.num_frames} frames" if info.is_video else ""
-    cfg = "two branches (CFG)" if info.runs_cfg(r.guidance_scale) else "one branch"
+    branches = info.guidance_branches(r.guidance_scale, r.extra)
+    cfg = {1: "one branch", 2: "two branches (CFG)"}.get(branches, f"{branches} branches (CFG + layer guidance)")
+    cfg += f", --cfg-degree <= {branches}" if branches > 1 else ", no CFG parallelism"
     lines = [f"model: {info.source} ({info.pipeline_class}, transformer {_count(plan.costs.transformer_params)} "
              f"parameters, text encoders {_count(plan.costs.text_encoder_params)})",
              f"request: {r.height}x{r.width}{frames}, {r.num_inference_steps} steps, guidance {r.guidance_scale} "

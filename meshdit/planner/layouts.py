@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..config import MESH_AXES, GenerateRequest, MeshAxis, ParallelConfig
+from ..config import MAX_CFG_DEGREE, MESH_AXES, GenerateRequest, MeshAxis, ParallelConfig
 from ..errors import ConfigError
 from ..flag_spec import flag_text
 from ..models.info import ModelInfo
@@ -72,10 +72,7 @@ class Layout:
         for axis, d in self.degrees:
             if d == 1:
                 continue
-            if axis == MeshAxis.CFG:
-                out.append("--use-cfg-parallel")
-            else:
-                out.append(f"{flag_text(ParallelConfig, AXIS_FIELDS[axis])} {d}")
+            out.append(f"{flag_text(ParallelConfig, AXIS_FIELDS[axis])} {d}")
         if self.vae == "parallel":
             out.append("--use-parallel-vae")
         elif self.vae == "tiled":
@@ -92,7 +89,7 @@ class Layout:
 
 
 def _allowed(axis: str, degree: int) -> bool:
-    return degree in (1, 2) if axis == MeshAxis.CFG else True
+    return degree <= MAX_CFG_DEGREE if axis == MeshAxis.CFG else True  # ModelInfo.check: at most the branches
 
 
 def degree_tuples(world_size: int, axes=tuple(AXIS_FIELDS)) -> list[tuple[tuple[str, int], ...]]:
@@ -121,7 +118,7 @@ def legal_layouts(info: ModelInfo, request: GenerateRequest, world_size: int, fp
         config = layout.parallel_config()
         try:
             info.check(config, request.height, request.width, request.guidance_scale, images,
-                       request.patches(config), request.num_frames)
+                       request.patches(config), request.num_frames, request.extra)
         except ConfigError:
             continue
         vae = "parallel" if parallel_vae and layout.image_group > 1 else "plain"

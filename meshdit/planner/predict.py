@@ -97,7 +97,8 @@ def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRe
     tp = layout.degree(MeshAxis.TP)  # splits the blocks' heads and MLP hidden (their Linears) over its ranks
     sp = ring * uly
     images = len(request.prompts) * request.num_images_per_prompt
-    branches = (2 if info.runs_cfg(request.guidance_scale) else 1) // cfg  # per rank
+    # per rank: the busiest step's branches dealt round-robin over the cfg ranks (parallel/cfg.py)
+    branches = math.ceil(info.guidance_branches(request.guidance_scale, request.extra) / cfg)
     batch = math.ceil(images / dp) * branches
     batched = info.family.name in BATCHED_BRANCH_FAMILIES
     live_batch = batch if batched else math.ceil(images / dp)

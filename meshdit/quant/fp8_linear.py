@@ -39,10 +39,18 @@ class Fp8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}"
 
 
+ADAPTER_PREFIX = "lora_"
+"""peft's adapter modules under a LoRA layer (lora_A, lora_B, ...): they stay in the working dtype beside the FP8
+base layer, so an adapter adds exactly its own low-rank term to the FP8 product."""
+
+
 def quantize_linears(root: nn.Module) -> int:
-    """Replaces every nn.Linear under `root` by an Fp8Linear; returns how many."""
+    """Replaces every nn.Linear under `root` by an Fp8Linear (under a peft LoRA layer: its base layer, not the
+    adapters); returns how many."""
     count = 0
     for name, child in list(root.named_children()):
+        if name.startswith(ADAPTER_PREFIX):
+            continue
         if isinstance(child, nn.Linear):
             setattr(root, name, Fp8Linear(child))
             count += 1

@@ -24,6 +24,7 @@ GENERATE_ONLY = {
     "fps": "video models only, and serve answers image requests",
     "image": "per request: the request's `image` (base64 in JSON, or a multipart/form-data upload)",
     "lora": "per request: the request's `loras`, among the adapters of --lora-dir",
+    "lora_2": "Wan 2.2's second-expert adapters: --lora-dir loads into the first expert only",
 }
 LOOPBACK_NAMES = ("localhost",)
 

@@ -23,7 +23,7 @@ def _check_generate(args: list[str]) -> None:
     """meshdit generate's parser takes them; the degrees multiply to the world."""
     parsed = build_parser().parse_args(["generate", *args])
     world = (parsed.ulysses_degree * parsed.ring_degree * parsed.pipefusion_parallel_degree
-             * parsed.data_parallel_degree * (2 if parsed.use_cfg_parallel else 1))
+             * parsed.data_parallel_degree * parsed.cfg_degree)
     assert world == NODES * PER_NODE
 
 

@@ -90,3 +90,13 @@ def test_families_without_a_loader_match_diffusers_and_are_refused_before_launch
     tiny_pipeline("pixart-sigma").save_pretrained(tmp_path / "pixart")
     with pytest.raises(ConfigError, match="no LoRA loader for PixArtSigmaPipeline"):
         _prelaunch(str(tmp_path / "pixart"), files["good"])
+
+
+def test_tensor_parallelism_with_adapters_is_refused_before_ranks_start(files):
+    """tp splits the base weights but not peft's adapters beside them (the run failed inside attention)."""
+    from meshdit.config import ParallelConfig
+
+    with pytest.raises(ConfigError, match="--lora with --tensor-parallel-degree"):
+        check_before_launch(EngineSettings(files["model"], ParallelConfig(tensor_parallel_degree=2),
+                                           loras=(("x", files["good"]),)),
+                            GenerateRequest(**REQUEST, loras=((files["good"], 1.0),)))

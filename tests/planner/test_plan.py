@@ -199,3 +199,22 @@ def test_batched_branch_families_match_the_recipes():
 
     batched = {f.name for f in FAMILIES if importlib.import_module(f.module).RECIPE.batch_branches}
     assert batched == BATCHED_BRANCH_FAMILIES
+
+
+def test_the_cfg_axis_takes_as_many_groups_as_the_requests_branches(capsys):
+    """SD3.5 Large: CFG is 2 branches (cfg 1 or 2); with skip-layer guidance 3 (cfg 3 legal, PipeFusion not: its
+    pass skips blocks); the plan's request line names the count and the largest cfg degree."""
+    _, info, costs = load_model("sd3.5-large")
+    plain = GenerateRequest(prompt="p").with_defaults(info.request_defaults())
+    skip = GenerateRequest(prompt="p", extra={"skip_guidance_layers": [7, 8, 9]}).with_defaults(info.request_defaults())
+    for request, branches in ((plain, 2), (skip, 3)):
+        layouts = legal_layouts(info, request, 6, fp8_options=False)
+        assert max(layout.degree(MeshAxis.CFG) for layout in layouts) == branches
+        if branches == 3:
+            assert all(layout.degree(MeshAxis.PP) == 1 for layout in layouts)
+    from meshdit.cli import main
+
+    assert main(["plan", "--model", "sd3.5-large", "--gpus", "6", "--no-fp8", "--top", "3",
+                 "--extra", "skip_guidance_layers=[7,8,9]"]) == 0
+    out = capsys.readouterr().out
+    assert "3 branches (CFG + layer guidance), --cfg-degree <= 3" in out and "--cfg-degree 3" in out

@@ -36,3 +36,9 @@ GUARD_CASES = {
     name: GuardCase(name, dict(prompt=GUARD_PROMPT, guidance_scale=5.0, max_sequence_length=GUARD_TEXT), 5.0)
     for name in ("sd3", "sd35")
 }
+# skip-layer guidance: 3 steps, the pipeline's window start * 3 < i < stop * 3 holds steps 1 and 2 (step 0: CFG alone)
+SKIP_LAYER_GUIDANCE = dict(skip_guidance_layers=[1], skip_layer_guidance_scale=2.5, skip_layer_guidance_start=0.2,
+                           skip_layer_guidance_stop=0.7)
+GUARD_CASES["sd35-skip-layer-guidance"] = GuardCase(
+    "sd35", dict(prompt=GUARD_PROMPT, guidance_scale=5.0, max_sequence_length=GUARD_TEXT, **SKIP_LAYER_GUIDANCE), 5.0,
+    extra=SKIP_LAYER_GUIDANCE, size=dict(num_inference_steps=3))
