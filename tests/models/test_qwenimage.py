@@ -137,8 +137,10 @@ def test_edit_pipeline_under_pipefusion_with_full_warmup_equals_one_process(run_
 
 
 def test_edit_pipeline_refuses_pipefusion_patch_steps(tmp_path):
+    from meshdit.models.tiny.parts import sample_image
+
     image = tmp_path / "in.png"
-    image.write_bytes(b"")
+    sample_image().save(image)  # a real image: the check opens it before the layout's rules
     request = GenerateRequest(prompt="a cat", height=64, width=48, image=str(image), num_inference_steps=4,
                               warmup_steps=1)
     with pytest.raises(ConfigError, match="--warmup-steps 4"):
