@@ -29,8 +29,10 @@ def load_pipeline(model: str, device: torch.device, torch_dtype: torch.dtype | N
         return load_pipeline_efficiently(model, device, dtype, mesh, options, vae_here, fp8_gemm)
     from diffusers import DiffusionPipeline
 
+    from .processors import processor_substitutes
+
     try:
-        pipe = DiffusionPipeline.from_pretrained(model, dtype=dtype)
+        pipe = DiffusionPipeline.from_pretrained(model, dtype=dtype, **processor_substitutes(model))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"could not load the pipeline {model!r}: {exc}") from exc
     pipe.set_progress_bar_config(disable=True)

@@ -9,6 +9,7 @@ import torch.distributed as dist
 from ..errors import ConfigError
 from .load import LoadReport, load_model
 from .options import LoadOptions
+from .processors import processor_substitutes
 from .text import ENCODING_RANK, encode_on_one_rank, text_encoder_names
 from .text_stages import split_text_encoders
 
@@ -64,7 +65,8 @@ def load_pipeline_efficiently(model: str, device: torch.device, dtype: torch.dty
     if not vae_here and os.path.isdir(os.path.join(folder, "vae")):
         skipped["vae"] = build_skeleton(folder, "vae")  # the config without the weights
     try:
-        pipe = DiffusionPipeline.from_pretrained(folder, transformer=transformer, dtype=dtype, **skipped)
+        pipe = DiffusionPipeline.from_pretrained(folder, transformer=transformer, dtype=dtype,
+                                                 **processor_substitutes(folder), **skipped)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"could not load the pipeline {model!r}: {exc}") from exc
     pipe.set_progress_bar_config(disable=True)

@@ -1,7 +1,6 @@
 """What validation needs to know about a model, read from its config files (no weights)."""
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 from dataclasses import dataclass, field
@@ -89,11 +88,6 @@ class ModelInfo:
         transformer = read_json(model, "transformer/config.json")
         vae = read_json(model, "vae/config.json")
         family = family_for_pipeline(pipeline_class)
-        if pipeline_class in family.loading_needs:
-            package, why = family.loading_needs[pipeline_class]
-            if importlib.util.find_spec(package) is None:
-                raise ConfigError(f"{model}: this {pipeline_class} cannot load without the Python package {package!r}: "
-                                  f"{why}. Install it (pip install {package}, the build matching your torch).")
         if family.is_video:
             from ..vae.settings import video_spatial_scale, video_temporal_scale
 

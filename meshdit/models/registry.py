@@ -86,10 +86,6 @@ class ModelFamily:
     image_tokens_after_grid_pipelines: tuple[str, ...] = ()
     """Pipelines whose input image rides as tokens after the latent grid's in the image stream (Qwen-Image-Edit's
     reference latents): PipeFusion's patches (rows of the grid) cannot cut them, so it runs them with full warmup."""
-    loading_needs: dict[str, tuple[str, str]] = field(default_factory=dict)
-    """Pipeline -> (a Python package its components need to load from a folder, why): refused before ranks start
-    where it is missing (Qwen-Image-Edit: transformers 5's Qwen2VLProcessor loads a video processor, which needs
-    torchvision)."""
     refused_pipeline_config: dict[str, str] = field(default_factory=dict)
     """model_index.json keys that, when true, name a variant the family's plan does not cover -> why."""
     refused_transformer_config: dict[str | tuple[str, str], str] = field(default_factory=dict)
@@ -313,8 +309,6 @@ FAMILIES = (
                 default_max_sequence_length=512, max_sequence_length_limit=1024, default_sample_size=128,
                 guidance_argument="true_cfg_scale", image_edit_pipelines=("QwenImageEditPipeline",),
                 image_tokens_after_grid_pipelines=("QwenImageEditPipeline",),
-                loading_needs={"QwenImageEditPipeline": ("torchvision", "its processor (transformers' "
-                                                         "Qwen2VLProcessor) loads a video processor, which needs it")},
                 tensor_parallel=True,
                 refused_transformer_config={
                     "zero_cond_t": "Qwen-Image-Edit-2511's per-token modulation index, which the plan does not split",

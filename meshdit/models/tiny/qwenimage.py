@@ -51,16 +51,13 @@ def qwen_vl_model(seed: int = 0):
 def qwen_vl_processor():
     """Qwen2-VL's processor with the tiny tokenizer; at most 56 x 56 pixels (4 merged image tokens) per image.
 
-    Built without ProcessorMixin.__init__, whose class check of the (absent) video processor needs torchvision in
-    transformers 5 (not installed here): the attributes its __init__ sets, set directly; __call__ is the real one."""
-    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor
+    Without a video processor (transformers 5's needs torchvision; the edit pipeline never uses it): see
+    models/qwen_vl_processor.py, which also saves it and loads it back."""
+    from transformers import Qwen2VLImageProcessor
 
-    processor = Qwen2VLProcessor.__new__(Qwen2VLProcessor)
-    processor.image_processor = Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=56 * 56)
-    processor.tokenizer, processor.video_processor, processor.chat_template = qwen_tokenizer(), None, None
-    processor.image_token, processor.video_token = "<|image_pad|>", "<|video_pad|>"
-    processor.image_token_id, processor.video_token_id = VOCAB["<|image_pad|>"], VOCAB["<|video_pad|>"]
-    return processor
+    from ..qwen_vl_processor import image_only_processor
+
+    return image_only_processor(Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=56 * 56), qwen_tokenizer())
 
 
 def tiny_qwenimage_pipeline(seed: int = 0, layers: int = 2, edit: bool = False, heads: int = 4):
