@@ -3,7 +3,9 @@
 
 Two gloo ranks x 1 thread (serial runs on rank 0 while rank 1 waits). For each method and image-token count it
 prints the median seconds of one denoising step (the slower rank's), the bytes each rank sent per step by kind,
-the transformer parameter bytes a rank holds, and the largest difference of its image from serial's.
+the transformer parameter bytes a rank holds, and the largest difference of its image from serial's. "ceiling"
+runs serial's work on both ranks at once, no communication: 2 x serial's step over its step is the most any
+2-rank method can reach here (the machine's two-process ceiling); efficiency = speed-up / ceiling.
 docs/tensor-parallel.md holds the figures and what they mean.
 """
 from __future__ import annotations
@@ -12,7 +14,9 @@ import argparse
 import statistics
 import warnings
 
-METHODS = {"serial": {}, "ulysses2": dict(ulysses_degree=2), "tp2": dict(tensor_parallel_degree=2)}
+METHODS = {"serial": {}, "ceiling": {}, "ulysses2": dict(ulysses_degree=2), "tp2": dict(tensor_parallel_degree=2)}
+ALONE = ("serial", "ceiling")
+"""Methods each rank runs as one process (serial: rank 0 only; ceiling: both ranks at once)."""
 
 
 def method_job(method: str, tokens: int, steps: int, rounds: int) -> dict:
@@ -29,8 +33,8 @@ def method_job(method: str, tokens: int, steps: int, rounds: int) -> dict:
     from .jobs import _request
     from .models import FULL, flux_pipeline
 
-    serial = method == "serial"
-    runs = dist.get_rank() == 0 or not serial
+    serial = method in ALONE
+    runs = dist.get_rank() == 0 or method != "serial"
     request = _request(tokens, 64, steps, cfg=False)
     engine = None
     if runs:
@@ -68,6 +72,8 @@ def run(tokens_list, steps: int, rounds: int) -> list[dict]:
                 row = results[0]
                 if method == "serial":
                     serial_image = row["image"]
+                if method == "ceiling":  # throughput: both ranks finish a serial step in the slower one's time
+                    row["step_s"] /= 2
                 row["max_abs_diff"] = float(abs(row["image"] - serial_image).max())
                 row["params_by_rank"] = [r["param_bytes"] for r in results]
                 rows.append(row)
@@ -83,15 +89,19 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="timed generates per method (default 3)")
     args = parser.parse_args(argv)
     rows = run(args.tokens, args.steps, args.rounds)
-    print("| tokens | method | s / step | vs serial | bytes sent / step / rank | transformer params / rank (MB) "
-          "| max abs diff vs serial |")
-    print("|---|---|---|---|---|---|---|")
-    serial = {}
+    print("| tokens | method | s / step | vs serial | efficiency (vs ceiling) | bytes sent / step / rank "
+          "| transformer params / rank (MB) | max abs diff vs serial |")
+    print("|---|---|---|---|---|---|---|---|")
+    serial, ceiling = {}, {}
     for r in rows:
         serial.setdefault(r["tokens"], r["step_s"])
+        if r["method"] == "ceiling":
+            ceiling[r["tokens"]] = serial[r["tokens"]] / r["step_s"]
+        speedup = serial[r["tokens"]] / r["step_s"]
+        efficiency = f"{speedup / ceiling[r['tokens']]:.0%}" if r["method"] not in ALONE else "-"
         sent = ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in sorted(r["bytes_per_step"].items())) or "-"
         params = r["params_by_rank"][0] / 1e6 if r["method"] == "serial" else max(r["params_by_rank"]) / 1e6
-        print(f"| {r['tokens']} | {r['method']} | {r['step_s']:.3f} | {serial[r['tokens']] / r['step_s']:.2f}x "
+        print(f"| {r['tokens']} | {r['method']} | {r['step_s']:.3f} | {speedup:.2f}x | {efficiency} "
               f"| {sent} | {params:.1f} | {r['max_abs_diff']:.2g} |")
 
 

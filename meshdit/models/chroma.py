@@ -8,27 +8,20 @@ m_i * m_j, which SDPA adds to the scores (diffusers 0.42; see parallel/plan.Toke
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from diffusers.pipelines.chroma.pipeline_chroma import calculate_shift, retrieve_timesteps
 
 from ..denoising.recipe import COND, UNCOND, DenoiseState, Recipe
-from ..parallel.plan import (COLUMN, ROW, BlockList, Gather, ModelPlan, Packed, SequencePlan, Split, StagePlan,
-                             TensorPlan, TokenMask)
+from ..parallel.plan import COLUMN, ROW, BlockList, ModelPlan, Packed, StagePlan, TensorPlan, TokenMask
+from .flux import SEQUENCE_PLAN as FLUX_SEQUENCE_PLAN
 
 # As FLUX.1: text and image tokens both split, their ids with them, so the rotary table the model builds from
 # cat(txt_ids, img_ids) matches the local tokens; every attention sees [txt, img]. The mask input [B, L + S]
 # stays whole: every block builds the whole m_i * m_j from it, and the attention takes its local tokens' m.
 PLAN = ModelPlan(
-    SequencePlan(
-        splits=(
-            Split("", "hidden_states", -2, "img"),
-            Split("", "encoder_hidden_states", -2, "txt"),
-            Split("", "img_ids", -2, "img"),
-            Split("", "txt_ids", -2, "txt"),
-        ),
-        gathers=(Gather("proj_out", -2, "img"),),
-        attention={"*": TokenMask(("txt", "img"))},
-    ),
+    replace(FLUX_SEQUENCE_PLAN, attention={"*": TokenMask(("txt", "img"))}),
     StagePlan(blocks=(
         BlockList("transformer_blocks", ("hidden_states", "encoder_hidden_states"),
                   ("encoder_hidden_states", "hidden_states")),

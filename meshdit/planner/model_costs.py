@@ -11,7 +11,8 @@ from ..config_files import read_json
 from ..models.info import ModelInfo
 from ..vae.settings import UNSPLIT_VAE_REASONS
 
-JOINT_ATTENTION = ("flux", "flux2", "sd3", "hunyuanvideo", "hunyuanvideo15", "cogvideox")
+JOINT_ATTENTION = ("flux", "kontext", "chroma", "qwenimage", "flux2", "sd3", "hunyuanvideo", "hunyuanvideo15",
+                   "cogvideox")
 """Families whose text tokens join the image tokens in every attention (the others cross-attend to the text)."""
 
 
@@ -119,7 +120,8 @@ def costs_of(model_folder: str, info: ModelInfo) -> ModelCosts:
                       linear_attention=True)
         blocks = (block,) * int(cfg["num_layers"])
         other = int(cfg.get("caption_channels", d)) * d + d * d + 6 * d * d  # caption projection, time embedding
-    elif family in ("flux", "hunyuanvideo", "sd3", "pixart", "hunyuandit", "cogvideox", "ltx", "hunyuanvideo15"):
+    elif family in ("flux", "kontext", "chroma", "qwenimage", "hunyuanvideo", "sd3", "pixart", "hunyuandit",
+                    "cogvideox", "ltx", "hunyuanvideo15"):  # Qwen-Image: double-stream blocks only
         mlp = int(mlp_ratio * d)
         stream = 4 * d * d + 2 * mlp * d + 6 * d * d  # attention, MLP, AdaLN modulation
         text_stream = stream if family in JOINT_ATTENTION else 0
@@ -144,7 +146,10 @@ def _vae_levels(vae: dict) -> tuple[tuple[int, ...], int]:
         base = int(vae.get("decoder_base_dim") or vae["base_dim"])
         return tuple(base * m for m in vae.get("dim_mult", [1, 2, 4, 4])), int(vae.get("num_res_blocks", 2)) + 1
     channels = vae.get("decoder_block_out_channels") or vae.get("block_out_channels") or [128, 256, 512, 512]
-    return tuple(int(c) for c in channels), int(vae.get("layers_per_block", 2)) + 1
+    per_level = vae.get("decoder_layers_per_block") or vae.get("layers_per_block", 2)
+    if isinstance(per_level, list):  # LTX's VAE: a count per level; the largest bounds the work
+        per_level = max(per_level)
+    return tuple(int(c) for c in channels), int(per_level) + 1
 
 
 def _vae_params(levels: tuple[int, ...], resnets: int) -> int:

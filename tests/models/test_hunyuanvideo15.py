@@ -16,14 +16,17 @@ DP_PROMPTS = ['a red cat saying "hi"', "a blue dog", "two green circles"]  # 3 v
 LAYOUTS15 = {**LAYOUTS, "dp2": dict(data_parallel_degree=2), "pf2": dict(PIPEFUSION, num_pipeline_patch=2)}
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS15))
-def test_every_layout_equals_one_process(run_ranks, layout):
-    degrees = LAYOUTS15[layout]
+def _layout_equals_one_process(run_ranks, build: str, degrees: dict) -> None:
     pipefusion = "pipefusion_parallel_degree" in degrees
-    name = "hunyuanvideo15-4blocks" if pipefusion else "hunyuanvideo15"
+    name = f"{build}-4blocks" if pipefusion else build
     prompts = DP_PROMPTS if "data_parallel_degree" in degrees else PROMPT
     check(run_ranks(world(degrees), video_jobs.generate, name, degrees, prompts, fresh=pipefusion),
           reference(name, prompts))
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS15))
+def test_every_layout_equals_one_process(run_ranks, layout):
+    _layout_equals_one_process(run_ranks, "hunyuanvideo15", LAYOUTS15[layout])
 
 
 def test_prompts_of_different_text_lengths_under_ulysses_equal_one_process(run_ranks):
@@ -42,18 +45,13 @@ def test_parallel_vae_decode_in_the_engine_equals_one_process(run_ranks):
 
 # image-to-video (HunyuanVideo15ImageToVideoPipeline): SigLIP's 16 image tokens, all kept, lead the text tail every
 # rank holds whole; the first frame's latents and mask join the channels, split with the video tokens
-I2V_LAYOUTS = {**LAYOUTS, "dp2": dict(data_parallel_degree=2), "pf2": dict(PIPEFUSION, num_pipeline_patch=2)}
+I2V_LAYOUTS = dict(LAYOUTS15)
 I2V_LAYOUTS.pop("cfg2-u2")  # (cfg 2 and ulysses 2 apart suffice: the image adds no stream of its own)
 
 
 @pytest.mark.parametrize("layout", list(I2V_LAYOUTS))
 def test_image_to_video_equals_one_process(run_ranks, layout):
-    degrees = I2V_LAYOUTS[layout]
-    pipefusion = "pipefusion_parallel_degree" in degrees
-    name = "hunyuanvideo15-i2v-4blocks" if pipefusion else "hunyuanvideo15-i2v"
-    prompts = DP_PROMPTS if "data_parallel_degree" in degrees else PROMPT
-    check(run_ranks(world(degrees), video_jobs.generate, name, degrees, prompts, fresh=pipefusion),
-          reference(name, prompts))
+    _layout_equals_one_process(run_ranks, "hunyuanvideo15-i2v", I2V_LAYOUTS[layout])
 
 
 def test_image_to_video_parallel_vae_decode_equals_one_process(run_ranks):
