@@ -70,7 +70,9 @@ EDIT_FAMILIES = [module.TESTS for _, module in tiny_families(video=False) if mod
 @pytest.mark.parametrize("tests", EDIT_FAMILIES, ids=lambda t: t.edit)
 def test_generate_image_on_two_ranks_equals_one_process(tests, tmp_path):
     """`--image` on an edit model under Ulysses 2 (only rank 0 decodes, every rank encodes the image) equals the
-    in-process engine on the same request; the image changes the picture."""
+    in-process engine on the same request; the image changes the picture (where the model also runs without one).
+    Every family with a tiny edit pipeline: FLUX.1 Kontext, Qwen-Image-Edit (its folder saved and loaded without
+    torchvision, models/qwen_vl_processor.py)."""
     pipe = tiny_pipeline(tests.edit)
     pipe.save_pretrained(tmp_path / "model")
     sample_image(40, 56).save(tmp_path / "input.png")
@@ -81,11 +83,12 @@ def test_generate_image_on_two_ranks_equals_one_process(tests, tmp_path):
     proc, _ = run_cli(["--model", str(tmp_path / "model"), *common, "--image", str(tmp_path / "input.png"),
                        "--ulysses-degree", "2", "--output", str(tmp_path / "out.npy")], timeout=300)
     assert proc.returncode == 0, proc.stderr
-    request = _cli_request(["--model", str(tmp_path / "model"), *common])
+    request = _cli_request(["--model", str(tmp_path / "model"), *common, "--image", str(tmp_path / "input.png")])
     engine = Engine(pipe)
     try:
-        alone = engine.generate(dataclasses.replace(request, image=str(tmp_path / "input.png"))).images[0]
-        text_only = engine.generate(request).images[0] if not engine.info.needs_image else None
+        alone = engine.generate(request).images[0]
+        text_only = engine.generate(dataclasses.replace(request, image=None)).images[0] \
+            if not engine.info.needs_image else None
     finally:
         engine.close()
     out = np.load(tmp_path / "out.npy")

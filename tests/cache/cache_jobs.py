@@ -13,11 +13,12 @@ SIZE = (36, 44)  # 9 x 11 = 99 image tokens: uneven over 2 and 4 ranks
 STEPS = 6
 
 
-def generate_cached(name: str, degrees: dict, cache: dict | None, prompts=None, rule: str = "global"):
+def generate_cached(name: str, degrees: dict, cache: dict | None, prompts=None, rule: str = "global",
+                    fields: dict | None = None):
     """(images, skip masks {(branch, image): (cached per step)} or None) of one generation over the layout.
 
     rule "averaged": the peers' decision rule (the average of per-rank means) replaces the global sums, to show
-    that the tests tell them apart."""
+    that the tests tell them apart. fields: other request fields (a video's num_frames)."""
     config, settings = split_layout(degrees)
     if config.pipefusion_parallel_degree > 1:  # PipeFusion frees other stages' blocks: a pipeline of its own
         from meshdit.testing.tiny_models import tiny_pipeline
@@ -32,7 +33,8 @@ def generate_cached(name: str, degrees: dict, cache: dict | None, prompts=None, 
         step_cache.relative_change = signal.averaged_means_change
     try:
         request = sp_jobs.request(name, *sp_jobs.image_test_size(name, *SIZE), steps=STEPS, prompts=prompts,
-                                  cache=CacheSettings(**cache) if cache else CacheSettings(), **settings)
+                                  cache=CacheSettings(**cache) if cache else CacheSettings(), **settings,
+                                  **(fields or {}))
         result = engine.generate(request)
         return result.images, None if result.cache is None else dict(result.cache.masks)
     finally:

@@ -3,8 +3,11 @@ import numpy as np
 import pytest
 
 from meshdit.config import ParallelConfig
+from meshdit.models.registry import family_for_pipeline
 from meshdit.testing.rank_pool import split_layout
+from meshdit.testing.tiny_models import tiny_families
 from tests.cache import cache_jobs
+from tests.parallel import sp_jobs
 
 PROMPTS = ["a red cat", "a blue dog"]
 # Per family a cache whose serial run on these tiny random models both skips and computes steps (asserted:
@@ -52,6 +55,23 @@ def test_cached_layout_equals_cached_serial(run_ranks, name, degrees):
     assert_mixed(ref_masks)
     results = run_ranks(split_layout(degrees)[0].world_size, cache_jobs.generate_cached, name, degrees,
                         CACHES[name], PROMPTS)
+    check(results, ref_images, ref_masks)
+
+
+# Every other family once, under Ulysses 2: a threshold no change reaches and one cached step at a time make the
+# serial mask compute, cache, compute, ... on any weights, so each family's cached path (the middle blocks'
+# residual reused on split tokens) is compared with its cached serial run.
+OTHER_FAMILIES = [m.TESTS.four_blocks for f, m in tiny_families() if m.TESTS.four_blocks not in CACHES]
+ALTERNATE = dict(method="fbcache", threshold=1e6, warmup=1, max_cached=1)
+
+
+@pytest.mark.parametrize("name", OTHER_FAMILIES)
+def test_every_family_cached_ulysses2_equals_cached_serial(run_ranks, name):
+    frames = {"num_frames": 9} if family_for_pipeline(type(sp_jobs.pipeline(name)).__name__).is_video else {}
+    ref_images, ref_masks = cache_jobs.generate_cached(name, {}, ALTERNATE, PROMPTS[:1], fields=frames)
+    assert_mixed(ref_masks)
+    results = run_ranks(2, cache_jobs.generate_cached, name, dict(ulysses_degree=2), ALTERNATE, PROMPTS[:1],
+                        fields=frames)
     check(results, ref_images, ref_masks)
 
 

@@ -35,15 +35,6 @@ def test_text_to_image_cli_under_ulysses_2_equals_one_process(tmp_path):
     _ulysses_equals_one_process("qwenimage", tmp_path, "--negative-prompt", "blue", "--guidance-scale", "3")
 
 
-def test_edit_cli_with_image_under_ulysses_2_equals_one_process(tmp_path):
-    """The saved tiny edit pipeline, --image: Ulysses 2 equal to one process (with or without torchvision: without
-    it the processor loads without the video processor it would need, models/qwen_vl_processor.py)."""
-    from meshdit.models.tiny.parts import sample_image
-
-    sample_image().save(tmp_path / "in.png")
-    _ulysses_equals_one_process("qwenimage-edit", tmp_path, "--image", str(tmp_path / "in.png"))
-
-
 def _info(name):
     return ModelInfo.from_pipeline(tiny_pipeline(name))
 
