@@ -9,9 +9,10 @@ from tests.parallel.sp_jobs import request
 SIZE = (36, 44)
 
 
-def image(name: str, degrees: dict, offload: str | None, cache: dict | None = None):
+def image(name: str, degrees: dict, offload: str | None, cache: dict | None = None, fp8_gemm: bool = False):
     """(final image, the most blocks on the device at once, blocks offloaded, blocks on the device after the run,
-    steps the step cache skipped) of a fresh tiny pipeline over `degrees`."""
+    steps the step cache skipped) of a fresh tiny pipeline over `degrees` (fp8_gemm: the blocks' Linear layers in
+    FP8, which offload then moves)."""
     from dataclasses import replace
 
     from meshdit.cache.settings import CacheSettings
@@ -20,7 +21,10 @@ def image(name: str, degrees: dict, offload: str | None, cache: dict | None = No
     pipe = tiny_pipeline(name)
     pipe.set_progress_bar_config(disable=True)
     config, settings = split_layout(degrees)
-    engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None, offload=offload)
+    from meshdit.quant.settings import Fp8Config
+
+    engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None,
+                    fp8=Fp8Config(gemm=True) if fp8_gemm else None, offload=offload)
     try:
         req = request(name, *SIZE, **settings)
         if cache:

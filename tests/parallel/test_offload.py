@@ -43,6 +43,13 @@ def test_a_skipped_block_drops_its_prefetch():
     assert np.array_equal(got, want) and most <= 2 and resident <= 1
 
 
+def test_offloaded_fp8_blocks_give_the_same_image():
+    """FP8 GEMMs quantize the blocks' Linear layers first; offload then moves their FP8 weights and scales."""
+    want = offload_jobs.image(NAME, {}, None, fp8_gemm=True)[0]
+    got, most, blocks, resident, _ = offload_jobs.image(NAME, {}, "blocks", fp8_gemm=True)
+    assert np.array_equal(got, want) and blocks > 0 and most <= 2 and resident <= 1
+
+
 def test_offload_with_compile_is_refused_before_ranks_start():
     settings = EngineSettings("unused", ParallelConfig(compile="inductor"), "float32",
                               loading=LoadOptions(offload="blocks"))
