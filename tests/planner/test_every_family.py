@@ -6,14 +6,12 @@ from meshdit.config import GenerateRequest
 from meshdit.models.registry import FAMILIES
 from meshdit.planner.choose import load_model, make_plan
 from meshdit.planner.hardware import world_from
-from meshdit.testing.tiny_models import tiny_families
+from meshdit.testing.tiny_models import tiny_families, tiny_pipeline
 
 
 @pytest.mark.parametrize("module", [m for _, m in tiny_families()], ids=[f.name for f, _ in tiny_families()])
 def test_every_family_gets_a_plan(tmp_path, module):
     name = module.TESTS.main
-    from meshdit.testing.tiny_models import tiny_pipeline
-
     tiny_pipeline(name).save_pretrained(tmp_path)
     _, info, costs = load_model(str(tmp_path))
     assert costs.transformer_params > 0 and costs.blocks
