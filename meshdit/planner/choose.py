@@ -46,7 +46,7 @@ def make_plan(info: ModelInfo, costs: ModelCosts, request: GenerateRequest, worl
     layouts = legal_layouts(info, request, world.size, fp8_options=fp8_options, parallel_vae=costs.vae_splits)
     if fixed:
         layouts = [layout for layout in layouts if all(layout.degree(a) == d for a, d in fixed.items())]
-    rows = [predict(layout, costs, world, request) for layout in layouts]
+    rows = _faster_decode([predict(layout, costs, world, request) for layout in layouts])
     # variants that hold less, listed only where the plain one does not fit: a tiled decode (bounded error),
     # the text encoders split over the ranks (--text-encoder-parallel) or on the host (--text-encoder-device cpu),
     # and a tiled decode with either (a VAE meshdit cannot split is never tiled)
@@ -88,6 +88,16 @@ def _plain_first(row: Prediction) -> int:
     """Among near-equal layouts prefer no FP8, the text encoders on the device, an untiled decode."""
     return int(row.layout.fp8) + int(row.layout.text_on_cpu) + int(row.layout.text_parallel) + \
         int(row.layout.offload) + int(row.layout.vae == "tiled")
+
+
+def _faster_decode(rows: list[Prediction]) -> list[Prediction]:
+    """Of each layout's plain and parallel decode (both exact), the one that fits, then the faster."""
+    best: dict = {}
+    for r in rows:
+        key = replace(r.layout, vae="plain")
+        if key not in best or (not best[key].fits, best[key].total_s) > (not r.fits, r.total_s):
+            best[key] = r
+    return list(best.values())
 
 
 def _dedupe(rows: list[Prediction]) -> list[Prediction]:

@@ -4,6 +4,7 @@ preset's figures come from is in docs/planner.md."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import asdict, dataclass, replace
@@ -22,6 +23,28 @@ class Link:
 
     def seconds(self, messages: float, nbytes: float) -> float:
         return messages * self.latency_s + nbytes / self.bandwidth
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """Measured cost of each collective a layout issues, at one world size, while the ranks compute between calls
+    (`meshdit plan --calibrate` on CPU ranks: a wait there costs a wake-up or, with more ranks than cores, the
+    peer's turn on a core, far above an idle ping-pong's latency). latency_s is per call; bandwidth counts the bytes
+    one rank sends (an exchange: its block; an all-to-all: all but its own share; an all-reduce: 2(n-1)/n of it)."""
+    exchange: Link
+    """Send to one rank and receive from another (PipeFusion's patch hand-off, the VAE's halo rows)."""
+    all_to_all: Link
+    all_reduce: Link
+    ulysses_attention: Link
+    """One Ulysses attention call (its two all-to-alls, packing and unpacking): meshdit's own function, timed."""
+    ring_step: Link
+    """One step of a ring attention call (the K/V hop, the partial attention with its LSE, the merge)."""
+    pipefusion_hop: Link | None = None
+    """One patch's hand-off to the next PipeFusion stage inside a patch step; None: as `exchange`."""
+    parallel_decode: Link | None = None
+    """A parallel decode's fixed cost per image (latency_s: its band plan and hooks, the halo exchanges and norm
+    all-reduces of every layer, measured on a small image, where they are all it adds); None: per collective, as
+    `exchange` and `all_reduce`."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +68,41 @@ class World:
     launch_s: float = 20e-6
     """Fixed cost of one small operator call per rank (a kernel launch, Python): a block makes
     predict.CALLS_PER_BLOCK of them."""
+    cores: int = 0
+    """CPU ranks: the cores they share (a rank computes at cores / ranks of its own speed when there are more
+    ranks than cores); 0: a device per rank."""
+    collectives: Collectives | None = None
+    """Measured per-collective costs (cpu-here); None: the alpha-beta links above, per message of each algorithm."""
+    conv_flops: tuple[tuple[int, float], ...] = ()
+    """(channels, sustained FLOP/s) of a 3x3 convolution (the VAE decoder's); empty: as flops."""
+    conv3d_flops: tuple[tuple[int, float], ...] = ()
+    """The same for a 3x3x3 convolution (the video VAEs' causal ones); empty: as conv_flops."""
+    norm_s_per_element: float = 0.0
+    """Seconds per element of a VAE decoder's GroupNorm (and, the next, of a video VAE's RMS norm over channels):
+    memory-bound passes that small-channel decoders spend as long in as in their convolutions; 0: left out."""
+    norm3d_s_per_element: float = 0.0
+    call_overhead_s: float = 0.0
+    """Fixed cost of one transformer call beyond its blocks' operators (embedders, rotary tables, scheduler and
+    pipeline bookkeeping), measured on the bundled model; 0 on the GPU presets (their fit absorbs it)."""
+    generate_overhead_s: float = 0.0
+    """Fixed cost of one generate beyond its text encoding, steps and decode (tokenizers, latents, image out)."""
+
+    def share(self, active_ranks: int) -> float:
+        """The share of its own speed a rank gets while `active_ranks` ranks compute at once."""
+        return min(1.0, self.cores / active_ranks) if self.cores else 1.0
+
+    def conv_rate(self, channels: int, three_d: bool = False) -> float:
+        """3x3 (three_d: 3x3x3) convolution throughput at `channels`: log-linear between the measured channel
+        counts, the first segment's slope below them, the last count's rate above."""
+        points = sorted((self.conv3d_flops if three_d else ()) or self.conv_flops)
+        if not points:
+            return self.flops
+        if len(points) == 1:
+            return points[0][1]
+        for (c0, r0), (c1, r1) in zip(points, points[1:]):
+            if channels <= c1 or (c1, r1) == points[-1]:
+                w = math.log(max(channels, 1) / c0) / math.log(c1 / c0)
+                return r0 * (r1 / r0) ** min(w, 1.0)  # below the first count, the first segment's slope
 
     @property
     def size(self) -> int:
@@ -58,7 +116,12 @@ class World:
     def with_size(self, gpus_per_node: int, nodes: int = 1) -> "World":
         memory = self.memory_bytes * self.gpus_per_node / gpus_per_node if self.shares_host_memory else \
             self.memory_bytes
-        return replace(self, gpus_per_node=gpus_per_node, nodes=nodes, memory_bytes=memory)
+        if not self.shares_host_memory:
+            return replace(self, gpus_per_node=gpus_per_node, nodes=nodes, memory_bytes=memory)
+        measured = cpu_here(gpus_per_node * nodes)  # the collectives and fixed costs measured at that world size
+        return replace(self, gpus_per_node=gpus_per_node, nodes=nodes, memory_bytes=memory,
+                       collectives=measured.collectives, call_overhead_s=measured.call_overhead_s,
+                       generate_overhead_s=measured.generate_overhead_s)
 
 
 def _gpu(name: str, memory_gb: float, tflops: float, fp8_tflops: float, intra_gbps: float, inter_gbps: float,
@@ -93,17 +156,47 @@ def calibration_path() -> str:
     return os.path.join(base, "meshdit", "calibration.json")
 
 
-def cpu_here(ranks: int | None = None) -> World:
-    """This machine's CPU ranks (float32, gloo over loopback), from the calibration file; uncalibrated defaults
-    (a warning says so) where there is none."""
-    data = load_calibration()
+def cpu_here(ranks: int | None = None, data: dict | None = None) -> World:
+    """This machine's CPU ranks (float32, gloo over loopback), from the calibration file (or `data`, figures of
+    the same form); uncalibrated defaults (a warning says so) where there is none. Rates are one rank's alone;
+    predict.py applies World.share."""
+    data = (load_calibration() or {}) if data is None else data
     cores = os.cpu_count() or 1
     memory = _host_memory()
-    flops = data.get("flops", 5e9) if data else 5e9
-    link = Link(data.get("latency_s", 50e-6), data.get("bandwidth", 1e9)) if data else Link(50e-6, 1e9)
     ranks = ranks or 1
-    return World(CPU_HERE, ranks, 1, memory / ranks, flops * min(1.0, cores / ranks), flops * min(1.0, cores / ranks),
-                 link, link, dtype_bytes=4, launch_s=data.get("launch_s", 5e-6) if data else 5e-6)
+    link = Link(data.get("latency_s", 50e-6), data.get("bandwidth", 1e9))
+    flops = data.get("flops", 5e9)
+    return World(CPU_HERE, ranks, 1, memory / ranks, flops, flops, link, link,
+                 attention_flops=data.get("attention_flops", 0.0), dtype_bytes=4,
+                 launch_s=data.get("launch_s", 5e-6), cores=cores, collectives=_collectives(data, ranks),
+                 conv_flops=tuple(sorted((int(c), r) for c, r in data.get("conv_flops", {}).items())),
+                 conv3d_flops=tuple(sorted((int(c), r) for c, r in data.get("conv3d_flops", {}).items())),
+                 norm_s_per_element=data.get("norm_s_per_element", 0.0),
+                 norm3d_s_per_element=data.get("norm3d_s_per_element", 0.0),
+                 **_engine_overheads(data, ranks))
+
+
+def _nearest(table: dict, ranks: int) -> str:
+    """The calibrated world size nearest `ranks` (the larger on a tie)."""
+    return min(table, key=lambda n: (abs(int(n) - ranks), -int(n)))
+
+
+def _engine_overheads(data: dict, ranks: int) -> dict:
+    table = data.get("engine_overheads") or {}
+    if not table:
+        return {}
+    call, generate = table[_nearest(table, ranks)]
+    return {"call_overhead_s": call, "generate_overhead_s": generate}
+
+
+def _collectives(data: dict, ranks: int) -> Collectives | None:
+    """The measured collectives of the calibrated world size nearest `ranks` (the larger on a tie)."""
+    table = data.get("collectives") or {}
+    if ranks < 2 or not table:
+        return None
+    size = _nearest(table, ranks)
+    fields = set(Collectives.__dataclass_fields__)
+    return Collectives(**{kind: Link(*figures) for kind, figures in table[size].items() if kind in fields})
 
 
 def load_calibration() -> dict | None:

@@ -106,9 +106,10 @@ def degree_tuples(world_size: int, axes=tuple(AXIS_FIELDS)) -> list[tuple[tuple[
 
 def legal_layouts(info: ModelInfo, request: GenerateRequest, world_size: int, fp8_options: bool = True,
                   parallel_vae: bool = True) -> list[Layout]:
-    """Layouts the model accepts for this request (its defaults filled), with and without FP8, each decoding in
-    parallel over its image group where it has more than one rank (exact, and never slower); the planner adds the
-    tiled-decode and text-on-CPU variants only where these do not fit (choose.make_plan).
+    """Layouts the model accepts for this request (its defaults filled), with and without FP8, each with a plain
+    decode and, where its image group has more than one rank, a parallel one (exact, never more memory, faster on
+    large images; its halo exchanges and norm all-reduces cost more than they save on small ones: choose.make_plan
+    keeps the faster); the planner adds the tiled-decode and text-on-CPU variants only where these do not fit.
     request must have every value resolved (ModelInfo.request_defaults)."""
     assert tuple(AXIS_FIELDS) == tuple(MESH_AXES), "AXIS_FIELDS must follow config.MESH_AXES"
     images = len(request.prompts) * request.num_images_per_prompt
@@ -121,7 +122,7 @@ def legal_layouts(info: ModelInfo, request: GenerateRequest, world_size: int, fp
                        request.patches(config), request.num_frames, request.extra)
         except ConfigError:
             continue
-        vae = "parallel" if parallel_vae and layout.image_group > 1 else "plain"
+        decodes = ("plain", "parallel") if parallel_vae and layout.image_group > 1 else ("plain",)
         for fp8 in ((False, True) if fp8_options else (False,)):
-            out.append(replace(layout, vae=vae, fp8=fp8))
+            out += [replace(layout, vae=vae, fp8=fp8) for vae in decodes]
     return out

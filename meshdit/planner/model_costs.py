@@ -16,6 +16,14 @@ JOINT_ATTENTION = ("flux", "kontext", "chroma", "qwenimage", "flux2", "sd3", "hu
 """Families whose text tokens join the image tokens in every attention (the others cross-attend to the text)."""
 
 
+MID_ATTENTION_VAES = ("AutoencoderKL", "AutoencoderKLFlux2", "AutoencoderKLWan", "AutoencoderKLQwenImage",
+                      "AutoencoderKLHunyuanVideo")
+"""VAE classes whose decoder's mid block has self-attention (unless the config's mid_block_add_attention is false)."""
+CONV3D_VAES = ("AutoencoderKLWan", "AutoencoderKLQwenImage", "AutoencoderKLHunyuanVideo", "AutoencoderKLHunyuanVideo15",
+               "AutoencoderKLLTXVideo", "AutoencoderKLCogVideoX")
+"""VAE classes whose decoder convolutions are 3x3x3 (causal in time): 27 c^2 multiply-adds per output pixel."""
+
+
 @dataclass(frozen=True)
 class Block:
     image_params: int
@@ -56,6 +64,19 @@ class ModelCosts:
     out_channels: int
     vae_splits: bool = True
     """meshdit's parallel and tiled decodes take its VAE (not one of vae.settings.UNSPLIT_VAE_REASONS: SANA's DC-AE)."""
+    vae_mid_attention: bool = False
+    """Its decoder's mid block runs self-attention over every latent position of a frame."""
+    vae_conv3d: bool = False
+    """Its decoder's convolutions are 3x3x3 (CONV3D_VAES)."""
+
+    @property
+    def vae_convs_and_norms(self) -> tuple[int, int]:
+        """The decoder's 3x3 convolutions and GroupNorms (each latent frame of a video): what a parallel decode
+        exchanges halo rows for and all-reduces statistics for. Resnets: the mid block's 2 and every level's; each
+        has two of both; plus conv_in, an upsampler per level but the last, conv_out, the output norm and the mid
+        attention's norm."""
+        resnets = 2 + len(self.vae_levels) * self.vae_resnets_per_level
+        return 2 * resnets + len(self.vae_levels) + 1, 2 * resnets + 1 + int(self.vae_mid_attention)
 
     @property
     def transformer_params(self) -> int:
@@ -82,13 +103,30 @@ class ModelCosts:
                 attention += 4 * image_tokens * text_tokens * self.hidden
         return batch * linear, batch * attention
 
+    def vae_level_flops(self, height: int, width: int, frames: int) -> list[tuple[int, float]]:
+        """(channels, convolution FLOPs) of each decoder level (full resolution first): its resnets' two 3x3 (3x3x3)
+        convs."""
+        taps = 27 if self.vae_conv3d else 9
+        return [(c, 2 * taps * c * c * height * width / 4 ** i * 2 * self.vae_resnets_per_level * max(1, frames))
+                for i, c in enumerate(self.vae_levels)]
+
+    def vae_norm_elements(self, height: int, width: int, frames: int) -> float:
+        """Elements the decoder's resnets normalise (two norms each, every level's channels x pixels)."""
+        return sum(2 * self.vae_resnets_per_level * c * height * width / 4 ** i * max(1, frames)
+                   for i, c in enumerate(self.vae_levels))
+
     def vae_decode_flops(self, height: int, width: int, frames: int) -> float:
-        """Convolution FLOPs of the decoder: at each level (full resolution first) its resnets' two 3x3 convs."""
-        total = 0.0
-        for i, channels in enumerate(self.vae_levels):
-            pixels = height * width / 4 ** i
-            total += 2 * 9 * channels * channels * pixels * 2 * self.vae_resnets_per_level
-        return total * max(1, frames)
+        """Convolution FLOPs of the decoder (vae_level_flops summed)."""
+        return sum(f for _, f in self.vae_level_flops(height, width, frames))
+
+    def vae_attention_flops(self, height: int, width: int, frames: int) -> float:
+        """The decoder's mid-block self-attention: 4 x positions^2 x channels per latent frame (at 1024^2 px a
+        Flux VAE attends over 16384 positions; on small-channel VAEs it outweighs every convolution)."""
+        if not self.vae_mid_attention:
+            return 0.0
+        positions = (height // self.info.vae_scale_factor) * (width // self.info.vae_scale_factor)
+        latent_frames = (frames - 1) // self.info.vae_temporal_factor + 1 if self.info.is_video else 1
+        return 4 * positions ** 2 * self.vae_levels[-1] * latent_frames
 
 
 def costs_of(model_folder: str, info: ModelInfo) -> ModelCosts:
@@ -104,7 +142,8 @@ def costs_of(model_folder: str, info: ModelInfo) -> ModelCosts:
         block = Block(image_params=4 * d * d + 2 * d * d + 2 * d * ffn, text_params=0, joint=False,
                       cross_params=2 * d * d)
         blocks = (block,) * int(cfg["num_layers"])
-        other = text_dim * d + d * d  # text embedder (2 linears), rest small
+        # text embedder (2 linears), time embedder (2 linears) and its projection to 6 modulations
+        other = text_dim * d + d * d + int(cfg.get("freq_dim", 256)) * d + d * d + 6 * d * d
         mlp_ratio = ffn / d
     elif family == "flux2":  # SwiGLU MLPs (in: 2 x ratio, out: ratio), modulation shared outside the blocks
         stream = 4 * d * d + 3 * int(mlp_ratio * d) * d
@@ -137,7 +176,9 @@ def costs_of(model_folder: str, info: ModelInfo) -> ModelCosts:
     return ModelCosts(info, hidden, heads, blocks, other, mlp_ratio, *_text_encoder_params(model_folder),
                       _vae_params(levels, resnets), levels[0], levels, resnets,
                       int(cfg.get("out_channels") or cfg.get("in_channels") or 16),
-                      vae.get("_class_name") not in UNSPLIT_VAE_REASONS)
+                      vae.get("_class_name") not in UNSPLIT_VAE_REASONS,
+                      vae.get("_class_name") in MID_ATTENTION_VAES and vae.get("mid_block_add_attention", True),
+                      vae.get("_class_name") in CONV3D_VAES)
 
 
 def _vae_levels(vae: dict) -> tuple[tuple[int, ...], int]:

@@ -18,6 +18,8 @@ CALLS_PER_BLOCK = 100
 """Operator calls of one transformer block's forward (projections, norms, modulation, attention, MLP)."""
 RING_STEP_CALLS = 8
 """Kernel calls one ring step adds per attention (the block's attention, the merge's exp, scale and add)."""
+VIDEO_CHANNELS = 3
+"""Channels of a decoded video frame (RGB), held for every frame decoded so far."""
 USABLE_MEMORY = 0.9
 """Share of a rank's memory a layout may plan to use (allocator slack, the runtime's own context)."""
 ULYSSES_BUFFERS = 6
@@ -87,6 +89,52 @@ def _stage_blocks(costs: ModelCosts, stages: int) -> list[list]:
     return out
 
 
+def _collective_s(world: World, layout: Layout, axis: str, kind: str, calls: float, nbytes: float) -> float:
+    """Seconds of `calls` collectives of one kind (a field of hardware.Collectives) on an axis' group moving
+    `nbytes` per rank in all."""
+    return _group_collective_s(world, axis_link(layout, axis, world), layout.degree(axis), kind, calls, nbytes)
+
+
+def _group_collective_s(world: World, link: Link, group: int, kind: str, calls: float, nbytes: float) -> float:
+    """The measured per-call figures where the world has them (cpu-here), else the link per message of the
+    algorithm (an all-to-all: group - 1 pairwise steps; Ulysses attention two of them; a ring all-reduce:
+    2(group - 1))."""
+    if world.collectives is not None:
+        return getattr(world.collectives, kind).seconds(calls, nbytes)
+    steps = {"exchange": 1, "ring_step": 1, "pipefusion_hop": 1, "all_to_all": group - 1,
+             "ulysses_attention": 2 * (group - 1), "all_reduce": 2 * (group - 1)}[kind]
+    return link.seconds(calls * steps, nbytes)
+
+
+def _vae_seconds(layout: Layout, costs: ModelCosts, world: World, request: GenerateRequest, images: int,
+                 dp: int) -> float:
+    """The decode: every level's convolutions at the measured rate for its channels, its norms at the measured time
+    per element, and the mid block's attention;
+    in parallel the convolutions split over the image group (its ranks, and every data-parallel group, decode at
+    once), the attention runs whole on every rank (on the gathered latent), and each conv exchanges halo rows and
+    each norm all-reduces its statistics (patch_parallel.py); where measured (cpu-here), the parallel decode's
+    fixed cost per image instead."""
+    frames = request.num_frames if costs.info.is_video else 1
+    split = layout.image_group if layout.vae == "parallel" else 1
+    share = world.share(split * dp)
+    convs = sum(f / world.conv_rate(c, costs.vae_conv3d)
+                for c, f in costs.vae_level_flops(request.height, request.width, frames))
+    convs += costs.vae_norm_elements(request.height, request.width, frames) * (
+        world.norm3d_s_per_element if costs.vae_conv3d else world.norm_s_per_element)  # split like the convs
+    attention = costs.vae_attention_flops(request.height, request.width, frames) / (world.attention_flops or
+                                                                                   world.flops)
+    seconds = images * (convs / split + attention) / share
+    if split > 1:
+        conv_count, norm_count = costs.vae_convs_and_norms
+        chunks = images * ((frames - 1) // costs.info.vae_temporal_factor + 1 if costs.info.is_video else 1)
+        if world.collectives is not None and world.collectives.parallel_decode is not None:
+            seconds += images * world.collectives.parallel_decode.latency_s
+        else:
+            seconds += chunks * (_group_collective_s(world, world.intra, split, "exchange", conv_count, 0)
+                                 + _group_collective_s(world, world.intra, split, "all_reduce", 2 * norm_count, 0))
+    return seconds * (1.25 if layout.vae == "tiled" else 1.0)  # overlapping tiles
+
+
 def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRequest,
             stage: int | None = None) -> Prediction:
     """stage: the memory of that PipeFusion stage's ranks (default: the heaviest stage's, what must fit)."""
@@ -139,53 +187,60 @@ def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRe
     elif layout.vae == "tiled":
         pixels = min(pixels, VAE_TILE_PX * VAE_TILE_PX)
     vae = VAE_DECODE_TENSORS * pixels * costs.vae_base_channels * frames * decoded_images * dtype
+    if info.is_video:  # and the frames decoded so far, which the decoder keeps until the last chunk
+        vae += pixels * VIDEO_CHANNELS * (request.num_frames or 1) * decoded_images * dtype
     memory = Memory(weights, text, activations, stale, vae)
 
     # --- time ---
+    share = world.share(world.size)  # CPU ranks: more ranks than cores take turns on them
     linear_flops, attention_flops = costs.step_flops(image_tokens, text_tokens, batch)
-    attention_rate = world.attention_flops or flops
-    attention_s = attention_flops / sp / tp / attention_rate
-    compute_full = linear_flops / sp / tp / flops + attention_s + \
-        calls * len(costs.blocks) * CALLS_PER_BLOCK * world.launch_s
+    attention_s = attention_flops / sp / tp / ((world.attention_flops or flops) * share)
+    compute_full = linear_flops / sp / tp / (flops * share) + attention_s + \
+        calls * (len(costs.blocks) * CALLS_PER_BLOCK * world.launch_s + world.call_overhead_s) / share
     attn_layers = len(costs.blocks)
     comm = 0.0
     if uly > 1:  # q, k, v in one all-to-all, the output back in another, per attention layer
         per_rank = batch * seq / sp * d / tp * dtype * (uly - 1) / uly
-        comm += attn_layers * axis_link(layout, MeshAxis.ULYSSES, world).seconds(2 * (uly - 1) * calls, 4 * per_rank)
+        comm += attn_layers * _collective_s(world, layout, MeshAxis.ULYSSES, "ulysses_attention", calls,
+                                            4 * per_rank)
     if ring > 1:  # K and V blocks passed ring - 1 times per attention, overlapped with the attention's compute
         kv = 2 * batch * (seq / sp) * (d / uly / tp) * dtype
-        ring_s = attn_layers * axis_link(layout, MeshAxis.RING, world).seconds((ring - 1) * calls, (ring - 1) * kv)
-        # each ring step is its own attention call plus a log-sum-exp merge of the partial outputs
-        comm += max(0.0, ring_s - attention_s) + calls * attn_layers * (ring - 1) * RING_STEP_CALLS * world.launch_s
+        ring_s = attn_layers * _collective_s(world, layout, MeshAxis.RING, "ring_step", (ring - 1) * calls,
+                                             (ring - 1) * kv)
+        hidden = 0.0 if world.cores else attention_s  # CPU ranks: gloo's copies run on the cores that compute
+        comm += max(0.0, ring_s - hidden)
+        if world.collectives is None:  # each ring step is its own attention call plus a log-sum-exp merge (the
+            # measured ring_step includes them)
+            comm += calls * attn_layers * (ring - 1) * RING_STEP_CALLS * world.launch_s / share
     if tp > 1:  # two all-reduces of the block's output per block (attention out, MLP out), ring algorithm
         reduce_bytes = batch * seq / sp * d * dtype
-        comm += TP_REDUCES_PER_BLOCK * len(costs.blocks) * axis_link(layout, MeshAxis.TP, world).seconds(
-            2 * (tp - 1) * calls, 2 * (tp - 1) / tp * reduce_bytes)
+        comm += TP_REDUCES_PER_BLOCK * len(costs.blocks) * _collective_s(
+            world, layout, MeshAxis.TP, "all_reduce", calls, 2 * (tp - 1) / tp * reduce_bytes)
     if cfg > 1:  # the noise predictions' gather
-        comm += axis_link(layout, MeshAxis.CFG, world).seconds(1, batch * image_tokens * costs.out_channels * 4)
+        comm += _collective_s(world, layout, MeshAxis.CFG, "exchange", 1,
+                              batch * image_tokens * costs.out_channels * 4)
     if layout.offload:  # every block of the stage crosses the host link once per transformer call, behind compute
         copy_s = calls * stage_params * block_bytes / tp / world.host_link_bps
         comm += max(0.0, copy_s - compute_full / pp)
     step_full = compute_full + comm
     if pp > 1:
-        link = axis_link(layout, MeshAxis.PP, world)
-        hop = link.seconds(patches, batch * seq / sp * d * dtype)  # every patch's activations to the next stage
-        step_patch = compute_full / pp + max(0.0, hop - compute_full / pp) + comm / pp
+        activations_bytes = batch * seq / sp * d * dtype
+        # every patch's activations to the next stage, behind the next patch's compute on GPUs
+        kind = "pipefusion_hop" if world.collectives is not None and world.collectives.pipefusion_hop else "exchange"
+        hop = _collective_s(world, layout, MeshAxis.PP, kind, patches, activations_bytes)
+        step_patch = compute_full / pp + max(0.0, hop - (0.0 if world.cores else compute_full / pp)) + comm / pp
         bubble = (pp - 1) * (compute_full / pp / patches) if warmup < steps else 0.0
-        step_warm = compute_full + (pp - 1) * link.seconds(1, batch * seq / sp * d * dtype) + comm
+        step_warm = compute_full + (pp - 1) * _collective_s(world, layout, MeshAxis.PP, "exchange", 1,
+                                                            activations_bytes) + comm
         denoise = warmup * step_warm + (steps - warmup) * step_patch + bubble
-        step, comm_s = step_patch, max(0.0, hop - compute_full / pp) + comm / pp
+        step, comm_s = step_patch, step_patch - compute_full / pp
     else:
         denoise = steps * step_full
         step, comm_s = step_full, comm
     text_s = 2 * costs.text_encoder_params * text_tokens * len(request.prompts) * (
-        2 if info.runs_cfg(request.guidance_scale) else 1) / world.flops
-    vae_flops = costs.vae_decode_flops(request.height, request.width,
-                                       request.num_frames if info.is_video else 1) * decoded_images
-    vae_s = vae_flops / world.flops / (layout.image_group if layout.vae == "parallel" else 1)
-    if layout.vae == "tiled":
-        vae_s *= 1.25  # overlapping tiles
-    total = text_s + denoise + vae_s
+        2 if info.runs_cfg(request.guidance_scale) else 1) / (world.flops * share)
+    total = text_s + denoise + _vae_seconds(layout, costs, world, request, decoded_images, dp) + \
+        world.generate_overhead_s / share
     exact = not layout.fp8 and layout.vae != "tiled" and (pp == 1 or warmup >= steps)
     if world.shares_host_memory:  # the node's ranks map one copy of the weights; each holds its own working set
         every_block = sum(b.params for b in costs.blocks) * block_bytes  # all stages' blocks, in one mapping

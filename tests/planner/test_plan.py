@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -81,18 +82,33 @@ def test_memory_rules_stage_cut_fp8_parallel_vae_and_stale_kv():
     _, info, costs = load_model("flux1-dev")
     request = GenerateRequest(prompt="p").with_defaults(info.request_defaults())
     world = PRESETS["h100-sxm"].with_size(4)
-    by = {(r.layout.describe(), r.layout.fp8): r for r in
+    by = {(r.layout.describe(), r.layout.fp8, r.layout.vae): r for r in
           (predict(layout, costs, world, request) for layout in legal_layouts(info, request, 4))}
-    serial_blocks = by[("ulysses4", False)].memory.weights
+    serial_blocks = by[("ulysses4", False, "plain")].memory.weights
     # stages are balanced by image-token work (pipefusion.block_weight), so the stage of double blocks holds
     # more than a quarter of the parameters (their text stream)
-    assert 0.25 * serial_blocks < by[("pp4", False)].memory.weights < 0.4 * serial_blocks
-    assert by[("ulysses4", True)].memory.weights < 0.55 * serial_blocks  # FP8 blocks: 1 byte instead of 2
-    assert by[("ulysses4", False)].memory.stale_kv == 0 and by[("pp4", False)].memory.stale_kv > 0
-    assert by[("pp4", True)].memory.stale_kv < 0.6 * by[("pp4", False)].memory.stale_kv
-    assert by[("ulysses4", False)].layout.vae == "parallel"
-    plain = predict(Layout(by[("ulysses4", False)].layout.degrees, vae="plain"), costs, world, request)
-    assert by[("ulysses4", False)].memory.vae == pytest.approx(plain.memory.vae / 4)
+    assert 0.25 * serial_blocks < by[("pp4", False, "plain")].memory.weights < 0.4 * serial_blocks
+    assert by[("ulysses4", True, "plain")].memory.weights < 0.55 * serial_blocks  # FP8 blocks: 1 byte instead of 2
+    assert by[("ulysses4", False, "plain")].memory.stale_kv == 0 and by[("pp4", False, "plain")].memory.stale_kv > 0
+    assert by[("pp4", True, "plain")].memory.stale_kv < 0.6 * by[("pp4", False, "plain")].memory.stale_kv
+    parallel, plain = by[("ulysses4", False, "parallel")], by[("ulysses4", False, "plain")]
+    assert parallel.memory.vae == pytest.approx(plain.memory.vae / 4)
+
+
+def test_the_plan_keeps_the_faster_decode_of_each_layout(tmp_path, monkeypatch):
+    """A parallel decode splits the convolutions but pays a halo exchange per conv and two all-reduces per norm:
+    FLUX.1-dev at 1024 px on H100s keeps it; a 64 px image on CPU ranks whose collectives cost milliseconds
+    decodes plainly."""
+    _, info, costs = load_model("flux1-dev")
+    plan = make_plan(info, costs, GenerateRequest(prompt="p"), PRESETS["h100-sxm"].with_size(4), fp8_options=False)
+    assert plan.recommended.layout.vae == "parallel"
+    assert len({r.layout for r in plan.rows}) == len({replace(r.layout, vae="plain") for r in plan.rows})
+    _write_calibration(tmp_path, monkeypatch)
+    _, info, costs = load_model("meshdit/default_model/weights")
+    plan = make_plan(info, costs, GenerateRequest(prompt="p", height=64, width=64), world_from("cpu-here", 2, 1))
+    assert plan.recommended.layout.vae == "plain"
+    forced = predict(replace(plan.recommended.layout, vae="parallel"), plan.costs, plan.world, plan.request)
+    assert forced.total_s > plan.recommended.total_s
 
 
 def test_tensor_parallel_splits_the_blocks_and_adds_two_all_reduces_per_block():
@@ -164,12 +180,58 @@ def test_nothing_fits_names_the_smallest_world(capsys):
         auto_config("flux2-dev", GenerateRequest(prompt="p"), world)
 
 
-def test_calibration_file_feeds_the_cpu_preset(tmp_path, monkeypatch):
+CALIBRATION = {
+    "flops": 1.5e10, "attention_flops": 1e10, "conv_flops": {"16": 5e9, "128": 2e10}, "launch_s": 3e-6,
+    "latency_s": 1e-4, "bandwidth": 2e9,
+    "collectives": {n: {"exchange": [1e-3 * k, 1e9], "all_to_all": [1.5e-3 * k, 1e9], "all_reduce": [2e-3 * k, 1e9],
+                        "ulysses_attention": [3e-3 * k, 1e9], "ring_step": [2.5e-3 * k, 1e9]}
+                    for n, k in (("2", 1), ("4", 3))},
+    "engine_overheads": {"1": [2e-3, 0.01], "2": [3e-3, 0.02], "4": [9e-3, 0.02]},
+}
+
+
+def _write_calibration(tmp_path, monkeypatch, figures=None):
     path = tmp_path / "calibration.json"
-    path.write_text(json.dumps({"flops": 1.5e10, "launch_s": 3e-6, "latency_s": 1e-4, "bandwidth": 2e9}))
+    path.write_text(json.dumps(figures or CALIBRATION))
     monkeypatch.setenv("MESHDIT_CALIBRATION", str(path))
+
+
+def test_calibration_file_feeds_the_cpu_preset(tmp_path, monkeypatch):
+    _write_calibration(tmp_path, monkeypatch)
     world = cpu_here(1)
     assert world.flops == 1.5e10 and world.intra.latency_s == 1e-4 and world.intra.bandwidth == 2e9
+    assert world.collectives is None and world.call_overhead_s == 2e-3 and world.generate_overhead_s == 0.01
+    assert world.conv_rate(16) == 5e9 and world.conv_rate(128) == 2e10 and 5e9 < world.conv_rate(48) < 2e10
+    four = world_from("cpu-here", 4, 1)
+    assert four.collectives.ulysses_attention.latency_s == pytest.approx(9e-3) and four.call_overhead_s == 9e-3
+    assert world.with_size(4).collectives == four.collectives  # smallest_fitting_world's worlds are priced too
+    assert world_from("cpu-here", 3, 1).collectives == four.collectives  # the nearest measured size, larger on a tie
+
+
+def _layout(two: str) -> Layout:
+    """Degree 2 on one axis, 1 on the others."""
+    from meshdit.planner.layouts import AXIS_FIELDS
+
+    return Layout(tuple((axis, 2 if axis == two else 1) for axis in AXIS_FIELDS))
+
+
+def test_measured_collectives_price_each_call_and_cpu_ranks_share_the_cores(tmp_path, monkeypatch):
+    """On cpu-here a Ulysses attention costs its measured per-call time plus its bytes (not 2(u-1) messages), and
+    with more ranks than cores each rank computes at cores / ranks of its speed."""
+    _write_calibration(tmp_path, monkeypatch)
+    _, info, costs = load_model("meshdit/default_model/weights")
+    request = GenerateRequest(prompt="p", guidance_scale=1.0).with_defaults(info.request_defaults())
+    world = world_from("cpu-here", 2, 1)
+    uly = predict(_layout(MeshAxis.ULYSSES), costs, world, request)
+    seq = costs.tokens(request.height, request.width, None) + info.request_defaults().max_sequence_length
+    per_rank = seq / 2 * costs.hidden * 4 / 2
+    assert uly.comm_s == pytest.approx(len(costs.blocks) * (3e-3 + 4 * per_rank / 1e9))
+    ring = predict(_layout(MeshAxis.RING), costs, world, request)
+    kv = 2 * seq / 2 * costs.hidden * 4
+    assert ring.comm_s == pytest.approx(len(costs.blocks) * (2.5e-3 + kv / 1e9))
+    cores = os.cpu_count()
+    crowded = world_from("cpu-here", 2 * cores, 1)
+    assert crowded.share(2 * cores) == 0.5 and world_from("cpu-here", 1, 1).share(1) == 1.0
 
 
 @pytest.mark.parametrize("argv, message", [
