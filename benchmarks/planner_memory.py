@@ -6,7 +6,10 @@ the transformer's parameter bytes the rank holds (not on the meta device: PipeFu
 never loaded) and the peak of the tensors the generate allocated (activations, stale K/V, VAE decode); the planner
 predicts the same two (predict.Memory: weights without the VAE, max(activations + stale K/V, VAE decode)).
 
-    python -m benchmarks.planner_memory [--tokens 1024] [--steps 3]
+    python -m benchmarks.planner_memory [--model benchmark|wan] [--tokens 1024] [--steps 3]
+
+--model wan: the Wan-shaped video model of benchmarks/video_scaling.py (4 heads x 64, 4 blocks), 256 x 256 px
+frames (256 tokens a latent frame), as many latent frames as --tokens asks.
 """
 from __future__ import annotations
 
@@ -95,17 +98,36 @@ def predicted(folder: str, request, degrees: dict, rank: int):
     return weights, max(p.memory.activations + p.memory.stale_kv, p.memory.vae)
 
 
-def compare(tokens: int, steps: int, layouts: list[str]) -> list[dict]:
-    """One row per layout and rank: measured and predicted weights and working set, in bytes."""
+def _benchmark_model(tokens: int, steps: int):
     from benchmarks.models import FULL, flux_pipeline, pixels_for_tokens
     from meshdit.config import GenerateRequest
 
     px = pixels_for_tokens(tokens)
-    request = GenerateRequest(prompt="a red circle", height=px, width=px, num_inference_steps=steps,
-                              guidance_scale=3.0, seed=0, extra={"max_sequence_length": 32})
+    return flux_pipeline(FULL), GenerateRequest(prompt="a red circle", height=px, width=px, num_inference_steps=steps,
+                                                guidance_scale=3.0, seed=0, extra={"max_sequence_length": 32})
+
+
+def _video_model(tokens: int, steps: int):
+    from benchmarks.video_scaling import TOKEN_SIDE, wan_pipeline
+    from meshdit.config import GenerateRequest
+
+    latent_frames = max(1, tokens // TOKEN_SIDE ** 2)
+    return wan_pipeline(), GenerateRequest(prompt="a red circle", height=256, width=256,
+                                           num_frames=4 * (latent_frames - 1) + 1, num_inference_steps=steps,
+                                           guidance_scale=3.0, seed=0, extra={"max_sequence_length": 32})
+
+
+MODELS = {"benchmark": _benchmark_model, "wan": _video_model}
+"""Name -> (tokens, steps) -> (pipeline, request)."""
+
+
+def compare(tokens: int, steps: int, layouts: list[str], model: str = "benchmark") -> list[dict]:
+    """One row per layout and rank: measured and predicted weights and working set, in bytes."""
+    pipe, request = MODELS[model](tokens, steps)
     rows = []
     with tempfile.TemporaryDirectory(prefix="meshdit-benchmark-model-") as folder:
-        flux_pipeline(FULL).save_pretrained(folder)
+        pipe.save_pretrained(folder)
+        del pipe
         for name in layouts:
             for rank, r in enumerate(measure(folder, name, request, LAYOUTS[name])):
                 weights_p, working_p = predicted(folder, request, LAYOUTS[name], rank)
@@ -117,14 +139,15 @@ def compare(tokens: int, steps: int, layouts: list[str]) -> list[dict]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=1024, help="image tokens (a square)")
+    parser.add_argument("--model", choices=list(MODELS), default="benchmark")
+    parser.add_argument("--tokens", type=int, default=1024, help="image tokens (a square; video: latent frames x 256)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     args = parser.parse_args(argv)
     print("| layout | rank | weights measured / predicted MiB | working set measured / predicted MiB | "
           "total measured / predicted |")
     print("|---|---|---|---|---|")
-    for r in compare(args.tokens, args.steps, args.layouts):
+    for r in compare(args.tokens, args.steps, args.layouts, args.model):
         print(f"| {r['layout']} | {r['rank']} | {r['weights'] / 2**20:.1f} / {r['weights_predicted'] / 2**20:.1f} | "
               f"{r['working'] / 2**20:.1f} / {r['working_predicted'] / 2**20:.1f} | {r['ratio']:.2f} |", flush=True)
 
