@@ -109,12 +109,17 @@ def cell(folder: str, model: str, tokens: int, cfg: bool, ranks: int, steps: int
 
 
 def summary(cells: list[dict]) -> dict:
-    """Cells within TARGET_REGRET of the best, layouts predicted within TARGET_PREDICTION, the worst of each."""
-    timed = [(c, k, v) for c in cells for k, v in c["layouts"].items()]
-    errors = [abs(v["predicted_s"] / v["measured_s"] - 1) for _, _, v in timed]
+    """Cells within TARGET_REGRET of the best, layouts predicted within TARGET_PREDICTION (in all and per model,
+    with the range of predicted / measured), the worst cell."""
+    ratios = {c["model"]: [] for c in cells}
+    for c in cells:
+        ratios[c["model"]] += [v["predicted_s"] / v["measured_s"] for v in c["layouts"].values()]
     worst_cell = max(cells, key=lambda c: c["regret"])
+    per_model = {model: {"predicted_within": sum(abs(r - 1) <= TARGET_PREDICTION for r in rs), "layouts": len(rs),
+                         "ratio_range": (min(rs), max(rs))} for model, rs in ratios.items()}
     return {"cells_within": sum(c["regret"] <= TARGET_REGRET for c in cells), "cells": len(cells),
-            "predicted_within": sum(e <= TARGET_PREDICTION for e in errors), "layouts": len(timed),
+            "predicted_within": sum(m["predicted_within"] for m in per_model.values()),
+            "layouts": sum(m["layouts"] for m in per_model.values()), "per_model": per_model,
             "worst_regret": worst_cell["regret"], "worst_cell": {k: worst_cell[k] for k in
                                                                   ("model", "tokens", "cfg", "ranks", "pick", "best")}}
 
@@ -134,6 +139,10 @@ def _print_summary(result: dict) -> None:
     print(f"\n{result['cells_within']} of {result['cells']} cells within {TARGET_REGRET:.0%} of the measured best; "
           f"{result['predicted_within']} of {result['layouts']} layouts' predicted time within "
           f"{TARGET_PREDICTION:.0%}; worst cell {result['worst_regret'] * 100:.1f}% ({result['worst_cell']})")
+    for model, m in result["per_model"].items():
+        low, high = m["ratio_range"]
+        print(f"{model}: {m['predicted_within']} of {m['layouts']} layouts within {TARGET_PREDICTION:.0%}, "
+              f"predicted / measured {low:.2f}-{high:.2f}x")
 
 
 def _print_row(c: dict, compact: bool = False) -> None:

@@ -4,8 +4,7 @@ per rank as generate's CPU ranks run:
   convolutions at four channel counts, the decoder's norms per element;
 - the fixed cost of a small operator call;
 - gloo's latency and bandwidth between two idle ranks (ping-pong), and each collective a layout issues (exchange,
-  all-to-all, all-reduce, and meshdit's Ulysses and ring attention calls on a few tokens) at 2 and 4 ranks while
-  the ranks compute between calls, as they do in a step;
+  all-to-all, all-reduce) at 2 and 4 ranks while the ranks compute between calls, as they do in a step;
 - the engine's fixed costs per transformer call and per generate, what one Ulysses attention, ring step,
   tensor-parallel all-reduce and PipeFusion hand-off costs inside a real step, and a parallel decode's fixed cost:
   the bundled model on 1, 2 and 4 ranks at 1 and 5 steps under each method, less what the figures above predict
@@ -26,6 +25,8 @@ CONV_PIXELS = 64  # a 64 x 64 feature map (3-D: one output frame from three)
 PING_SIZES = (1, 4 * 1024 * 1024)  # float32 elements: a latency probe and a bandwidth probe (16 MiB)
 COLLECTIVE_SIZES = (256, 1024 * 1024)  # float32 elements per rank: the per-call cost, and the bandwidth
 COLLECTIVE_WORLDS = (2, 4)
+CARRIERS = {"ulysses_attention": "all_to_all", "ring_step": "exchange", "pipefusion_hop": "exchange"}
+"""meshdit's own calls and the collective that carries their bytes (its measured bandwidth is theirs)."""
 COLLECTIVE_ROUNDS = 20
 COLLECTIVE_REPEATS = 5
 """Each collective is timed in this many runs of COLLECTIVE_ROUNDS (interleaved with runs of the burst alone); the
@@ -83,13 +84,14 @@ def measure_compute() -> dict:
             "norm3d_s_per_element": norm3d_s, "launch_s": call_s}
 
 
-def _ping_pong(out_path: str) -> None:
+def _ping_pong(payload: tuple) -> None:
     """Rank job: rank 0 sends, rank 1 echoes; rank 0 writes the one-way times per size."""
     import json
 
     import torch
     import torch.distributed as dist
 
+    (out_path,) = payload
     dist.init_process_group("gloo")
     try:
         rank = dist.get_rank()
@@ -113,18 +115,15 @@ def _ping_pong(out_path: str) -> None:
         dist.destroy_process_group()
 
 
-def _collectives_job(out_path: str) -> None:
+def _collectives_job(payload: tuple) -> None:
     """Rank job: per collective and size, rounds of (a short matmul burst, the collective) against rounds of the
     burst alone; the difference per round is the collective's cost as a step sees it. Rank 0 writes them."""
     import json
 
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
 
-    from ..attention.ring import ring_attention
-    from ..attention.ulysses import pipelined_ulysses_attention
-
+    (out_path,) = payload
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
@@ -149,13 +148,6 @@ def _collectives_job(out_path: str) -> None:
             return statistics.median(run(collective) - run(lambda: None) for _ in range(COLLECTIVE_REPEATS))
 
         result = {}
-        group = dist.group.WORLD
-        q, k, v = (torch.randn(1, 4 * world, 16, 64) for _ in range(3))  # a few tokens: the calls' fixed cost
-        ulysses = timed(lambda: pipelined_ulysses_attention(
-            q, k, v, group, [16] * world, lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_), 1))
-        ring = timed(lambda: ring_attention(q, k, v, group, [16] * world))
-        result["ulysses_attention"] = max(ulysses, 1e-7)
-        result["ring_step"] = max(ring, 1e-7) / (world - 1)
         for n in COLLECTIVE_SIZES:
             x, y = torch.randn(n), torch.empty(n)
 
@@ -173,13 +165,8 @@ def _collectives_job(out_path: str) -> None:
         dist.destroy_process_group()
 
 
-def _run_ranks(job, world: int) -> dict:
-    return _run_ranks_with(job, (), world)
-
-
-def _run_ranks_with(job, payload: tuple, world: int):
-    """Runs job(payload + (a temp file's path,)) on `world` ranks (job(path) when payload is empty); what rank 0
-    wrote there."""
+def _run_ranks(job, payload: tuple, world: int):
+    """Runs job(payload + (a temp file's path,)) on `world` ranks; what rank 0 wrote there."""
     import json
 
     from ..distributed.launch import launch
@@ -187,7 +174,7 @@ def _run_ranks_with(job, payload: tuple, world: int):
     fd, path = tempfile.mkstemp(prefix="meshdit-calibrate-", suffix=".json")
     os.close(fd)
     try:
-        launch(job, payload + (path,) if payload else path, world)
+        launch(job, payload + (path,), world)
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     finally:
@@ -195,7 +182,7 @@ def _run_ranks_with(job, payload: tuple, world: int):
 
 
 def measure_links() -> dict:
-    one_way = {int(k): v for k, v in _run_ranks(_ping_pong, 2).items()}
+    one_way = {int(k): v for k, v in _run_ranks(_ping_pong, (), 2).items()}
     small, large = PING_SIZES
     latency = one_way[small]
     return {"latency_s": latency, "bandwidth": large * 4 / max(one_way[large] - latency, 1e-9)}
@@ -206,15 +193,16 @@ def measure_collectives() -> dict:
     small, large = COLLECTIVE_SIZES
     table = {}
     for world in COLLECTIVE_WORLDS:
-        measured = _run_ranks(_collectives_job, world)
+        measured = _run_ranks(_collectives_job, (), world)
         counted = {"exchange": 1.0, "all_to_all": (world - 1) / world, "all_reduce": 2 * (world - 1) / world}
         table[str(world)] = {}
         for kind in counted:
             latency, big = measured[kind][str(small)], measured[kind][str(large)]
             table[str(world)][kind] = [latency, (large - small) * 4 * counted[kind] / max(big - latency, 1e-9)]
-        # meshdit's attention calls: their own fixed cost, the bandwidth of the collective they move bytes with
-        table[str(world)]["ulysses_attention"] = [measured["ulysses_attention"], table[str(world)]["all_to_all"][1]]
-        table[str(world)]["ring_step"] = [measured["ring_step"], table[str(world)]["exchange"][1]]
+        # meshdit's own calls start as the collective they move bytes with; measure_engine replaces their per-call
+        # cost with what a real step shows
+        for kind, carrier in CARRIERS.items():
+            table[str(world)][kind] = list(table[str(world)][carrier])
     return table
 
 
@@ -298,7 +286,7 @@ def measure_engine(figures: dict) -> dict:
         config = ParallelConfig(**({field: ranks} if field else {}))
         decode = field == ENGINE_METHODS["ulysses_attention"]
         runs = [(requests[0], False), (requests[1], False)] + ([(requests[0], True)] if decode else [])
-        times = _run_ranks_with(_engine_job, (EngineSettings(folder, config, "float32",
+        times = _run_ranks(_engine_job, (EngineSettings(folder, config, "float32",
                                                              VaeDecodeSettings(parallel=decode)), runs), ranks)
         layout = Layout(tuple((axis, ranks if field and fields[field] == axis else 1) for axis in AXIS_FIELDS))
         return times[0], times[1], times[2] if decode else None, layout
@@ -318,7 +306,7 @@ def measure_engine(figures: dict) -> dict:
         figures["engine_overheads"][str(ranks)] = [per_call, figures["engine_overheads"]["1"][1]]
         for kind, field in ENGINE_METHODS.items():
             one, many, parallel_decode, layout = timings(field, ranks)
-            bandwidth = table[str(ranks)]["exchange" if kind == "pipefusion_hop" else kind][1]
+            bandwidth = table[str(ranks)][CARRIERS.get(kind, kind)][1]
             without = {**table, str(ranks): {**table[str(ranks)], kind: [0.0, bandwidth]}}
             world = cpu_here(ranks, {**figures, "collectives": without})
             predicted = predict(layout, costs, world, requests[0])

@@ -23,6 +23,7 @@ def test_summary_counts_cells_within_5_percent_and_predictions_within_25():
     assert (result["cells_within"], result["cells"]) == (2, 3)
     assert (result["predicted_within"], result["layouts"]) == (2, 4)  # 1.2 and 1.25 in, 0.5 and 0.74 out
     assert result["worst_regret"] == 0.051
+    assert result["per_model"]["benchmark"]["ratio_range"] == (0.5, 1.25)
 
 
 def test_readme_regret_figures_are_those_of_the_committed_runs():
@@ -35,3 +36,9 @@ def test_readme_regret_figures_are_those_of_the_committed_runs():
     assert [int(g) for g in match.groups()[:4]] == [result["cells_within"], result["cells"],
                                                      result["predicted_within"], result["layouts"]]
     assert float(match.group(5)) == round(result["worst_regret"] * 100, 1)
+    for model, name in (("benchmark", "the benchmark model"), ("wan", "the video model")):
+        m = result["per_model"][model]
+        low, high = m["ratio_range"]
+        quoted = (f"{m['predicted_within']} of {m['layouts']} layouts within 25%, " if model == "benchmark" else "") + \
+            f"{low:.2f}–{high:.2f}×"
+        assert f"for {name} ({quoted}" in readme.replace("\n", " "), (name, quoted)
