@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-# label -> CacheSettings fields (None: uncached). The presets are meshdit/cache/settings.py's (fast: fbcache 0.6).
+# label -> CacheSettings fields (None: uncached). The presets are meshdit/cache_settings.py's (fast: fbcache 0.6).
 SETTINGS = {
     "fast (preset)": dict(method="fast"),
     "fbcache (preset)": dict(method="fbcache"),

@@ -23,12 +23,12 @@ from meshdit.config import GenerateRequest, ParallelConfig
 from meshdit.distributed.comm import comm_stats
 from meshdit.engine import Engine
 from meshdit.errors import ConfigError
+from meshdit.memory import PeakAllocations
 from meshdit.quant.settings import Fp8Config
 from meshdit.denoising.recipe import COND
 from meshdit.testing.rank_pool import mesh_for
 
 from .diffusers_cp import count_functional_collectives, enable_context_parallel
-from .memory import PeakAllocations
 from .methods import METHODS, Method
 from .models import FULL, QUICK, flux_pipeline, param_bytes, pixels_for_tokens, with_transformer_copy
 

@@ -68,7 +68,7 @@ def scaling_sections(cfg: dict, log) -> tuple[dict, dict, dict]:
         "param_bytes: sum of the transformer's parameter bytes on the rank. peak_activation_bytes: most bytes of "
         "tensors allocated at once during one forward (step-unit methods: one 3-step Engine.generate, text "
         "encoders and VAE included; PipeFusion: 1 warmup step and 2 patch steps, its stale K/V live), beyond what existed before it; counted by a TorchDispatchMode that adds each "
-        "new tensor storage an aten op returns and subtracts it when the storage is freed (benchmarks/memory.py). "
+        "new tensor storage an aten op returns and subtracts it when the storage is freed (meshdit/memory.py). "
         "CPU-only, no torch.cuda."), "cases": []}
     pool = RankPool(RANKS)
     try:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from .errors import ConfigError
-from .cache.settings import CacheSettings
+from .cache_settings import CacheSettings
 from .flag_spec import flag_specs, flagged
 from .lora_files import parse_lora_flag
 
@@ -219,7 +219,7 @@ class GenerateRequest:
              "pixels and 4096 x 4096 pixels in all, resized by the pipeline (default: none; FLUX.1 Kontext then "
              "draws from text alone)")
     cache: CacheSettings = field(default_factory=CacheSettings)
-    """Step caching (`--cache` and its options: meshdit/cache/settings.py); off by default."""
+    """Step caching (`--cache` and its options: meshdit/cache_settings.py); off by default."""
     loras: tuple = flagged(
         (), flag="lora", action="append", type=parse_lora_flag, metavar="PATH[:WEIGHT]", cli_default=None,
         to_field=lambda given: tuple(given or ()),

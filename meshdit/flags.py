@@ -152,7 +152,7 @@ def add_request_flags(parser, skip: tuple[str, ...] = (),
 
 def add_cache_flags(parser) -> None:
     """Step caching (CacheSettings' fields), and xDiT's switches for it."""
-    from .cache.settings import CacheSettings
+    from .cache_settings import CacheSettings
 
     group = parser.add_argument_group("step cache (lossy; docs/caching.md)")
     add_settings_flags(group, CacheSettings)
@@ -165,7 +165,7 @@ def add_cache_flags(parser) -> None:
 
 def cache_from_args(args) -> "CacheSettings":  # noqa: F821 - lazy name
     """The request's cache settings as the flags give them; --use-teacache is refused here, naming what to use."""
-    from .cache.settings import CacheSettings
+    from .cache_settings import CacheSettings
 
     if getattr(args, "use_teacache", False):
         raise ConfigError("--use-teacache: meshdit has no TeaCache (it needs coefficients fitted per model); use "

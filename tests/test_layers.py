@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                     "input_image", "default_model", "phases")),
     ("settings", ("config", "config_files", "lora_files", "flags", "models.registry", "models.info", "vae.settings",
                   "quant.settings", "loading.options", "engine_settings",
-                  "request_cost", "cache.settings", "planner")),
+                  "request_cost", "cache_settings", "planner")),
     ("distributed", ("distributed", "rank_errors")),
     ("quant", ("quant",)),
     ("attention", ("attention",)),
@@ -160,6 +160,31 @@ def _cycles(graph: dict[str, dict]) -> list[list[str]]:
     return cycles
 
 
+def folder_cycles(package: Path) -> list[str]:
+    """Import cycles between folders: each subpackage of `package` is one node (vae/, cache/, ...) and each of its
+    top-level modules another (config.py, ...). Layers allow a settings module inside a package above them
+    (vae/settings.py); this graph does not, so a folder is never both above and below another."""
+    name = package.name
+
+    def node(module: str) -> str:
+        inner = module[len(name) + 1:].split(".") if module != name else ["__init__"]
+        return inner[0] + "/" if (package / inner[0]).is_dir() else inner[0]
+
+    graph: dict[str, dict[str, Import]] = {}
+    for imp in imports(package):
+        a, b = node(imp.source), node(imp.target)
+        if a != b:
+            graph.setdefault(a, {}).setdefault(b, imp)
+    return [" -> ".join(cycle) + " (" + ", ".join(
+        f"{graph[a][b].path.relative_to(package.parent)}:{graph[a][b].line}" for a, b in zip(cycle, cycle[1:])) + ")"
+        for cycle in _cycles(graph)]
+
+
+def test_folder_imports_form_no_cycle():
+    cycles = folder_cycles(PACKAGE)
+    assert not cycles, "folder-level import cycles:\n" + "\n".join(cycles)
+
+
 def test_imports_point_down():
     problems = layer_violations(PACKAGE)
     assert not problems, "layer order broken (tests/test_layers.py LAYERS):\n" + "\n".join(problems)
@@ -256,3 +281,16 @@ def test_test_folders_mirror_the_subpackages():
     subpackages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
     folders = {p.name for p in (PACKAGE.parent / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
     assert folders <= subpackages, f"tests/ folders with no meshdit/ subpackage: {sorted(folders - subpackages)}"
+
+
+def test_a_folder_cycle_is_reported(tmp_path):
+    """The folder cycle there was: config.py imported cache/settings.py while cache/ imports distributed/, which
+    imports config.py."""
+    copy = _copy_package(tmp_path)
+    assert folder_cycles(copy) == []
+    path = copy / "config.py"
+    text = path.read_text(encoding="utf-8")
+    path.write_text(text.replace("from .errors import", "from .cache.run import CacheReport\nfrom .errors import", 1),
+                    encoding="utf-8")
+    cycles = folder_cycles(copy)
+    assert len(cycles) == 1 and "config -> cache/" in cycles[0] and "meshdit/config.py:" in cycles[0], cycles

@@ -5,7 +5,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..distributed.comm import all_reduce, split_sizes
-from .settings import CacheSettings
+from ..cache_settings import CacheSettings
 from .step_cache import StepCache
 
 

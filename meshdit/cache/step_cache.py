@@ -24,7 +24,7 @@ from torch import nn
 from ..distributed.comm import all_reduce, broadcast, group_rank, group_size
 from ..parallel.pipefusion import SkipBlock
 from ..parallel.plan import BlockList, StagePlan
-from .settings import CacheSettings
+from ..cache_settings import CacheSettings
 from .signal import relative_change
 
 

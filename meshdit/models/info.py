@@ -179,7 +179,7 @@ class ModelInfo:
 
     def check_cache(self, config: ParallelConfig, request: GenerateRequest) -> None:
         """--cache against this transformer's blocks and the layout (docs/caching.md)."""
-        from ..cache.settings import transformer_block_count
+        from ..cache_settings import transformer_block_count
 
         if not request.cache.enabled:
             return

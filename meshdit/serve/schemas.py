@@ -13,7 +13,7 @@ class CacheBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    method: Literal["fast", "fbcache", "dbcache"]  # meshdit.cache.settings.CHOICES
+    method: Literal["fast", "fbcache", "dbcache"]  # meshdit.cache_settings.CHOICES
     threshold: StrictFloat | StrictInt | None = None
     front_blocks: StrictInt | None = None
     back_blocks: StrictInt | None = None

@@ -37,7 +37,7 @@ def test_fast_preset_parses_and_resolves_to_its_documented_values():
 def test_serve_takes_the_same_methods_and_presets():
     from typing import get_args
 
-    from meshdit.cache.settings import CHOICES
+    from meshdit.cache_settings import CHOICES
     from meshdit.serve.schemas import CacheBody
 
     assert set(get_args(CacheBody.model_fields["method"].annotation)) == set(CHOICES)

@@ -15,7 +15,7 @@ def image(name: str, degrees: dict, offload: str | None, cache: dict | None = No
     FP8, which offload then moves)."""
     from dataclasses import replace
 
-    from meshdit.cache.settings import CacheSettings
+    from meshdit.cache_settings import CacheSettings
     from meshdit.parallel.offload import BlockOffload
 
     pipe = tiny_pipeline(name)

@@ -110,7 +110,7 @@ def test_refusals(info, config, extra, match):
 
 
 def test_cache_with_skip_layer_guidance_refused(info):
-    from meshdit.cache.settings import CacheSettings
+    from meshdit.cache_settings import CacheSettings
 
     request = GenerateRequest(prompt="a cat", height=32, width=32, guidance_scale=5.0, extra=SLG,
                               cache=CacheSettings(method="fbcache"))

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from ..errors import ConfigError
-from ..flag_spec import flagged
+from .errors import ConfigError
+from .flag_spec import flagged
 
 METHODS = ("fbcache", "dbcache")
 
