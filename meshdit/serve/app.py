@@ -103,7 +103,7 @@ def create_app(state: ServerState) -> FastAPI:
             if key and not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
                 state.metrics.requests.labels("unauthorized").inc()
                 return error(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "authorization")
-            if state.dead:
+            if state.dead and not state.answers_when_dead(request.method, path):
                 return error(503, f"the mesh failed and the server is stopping: {state.dead}")
             if not state.ready:
                 return error(503, "the model is still loading on the ranks; retry shortly",
@@ -224,7 +224,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     def find(job_id: str) -> Job | JSONResponse:
         state.results.expire()  # a status is exact about expiry even while the rank loop is busy
-        job = state.queue.get(job_id)
+        job = state.queue.get(job_id) or state.remote_job(job_id)  # another replica's (Ray Serve: serve/ray_app.py)
         return job if job is not None else error(404, f"no job {job_id!r} (unknown or forgotten)", "id")
 
     @app.get("/v1/images/jobs/{job_id}")
@@ -252,7 +252,7 @@ def create_app(state: ServerState) -> FastAPI:
         job = find(job_id)
         if isinstance(job, JSONResponse):
             return job
-        state.queue.cancel(job)
+        state.cancel(job)
         if job.state == "cancelled" and job.finished and not job.started:
             state.metrics.requests.labels("cancelled").inc()
         return job.public()

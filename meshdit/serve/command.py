@@ -58,6 +58,21 @@ def add_serve_parser(commands) -> argparse.ArgumentParser:
                        help="LoRA adapters every rank loads at start: each *.safetensors file in DIR, named by its "
                             "file stem; requests choose them by name in `loras` (default: none; docs/lora.md)")
     add_limit_flags(serve)  # body size, result store, drain grace (serve/limits.py)
+    ray = serve.add_argument_group("replicas on Ray Serve (pip install meshdit[ray]; docs/serving.md)")
+    ray.add_argument("--ray", action="store_true",
+                     help="deploy on Ray Serve: --replicas meshes of this layout behind Serve's proxy on --host/--port "
+                          "(default: one mesh on this machine)")
+    ray.add_argument("--replicas", type=int, default=1, help="with --ray: replicas, each one mesh (default: 1)")
+    ray.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                     help="with --ray: the cluster to join (default: env RAY_ADDRESS, else a local cluster)")
+    ray.add_argument("--ray-gpus-per-rank", type=float, default=None, metavar="N",
+                     help="with --ray: GPUs Ray assigns each rank (default: 1 where the cluster has GPUs, else 0)")
+    ray.add_argument("--ray-cpus-per-rank", type=float, default=1.0, metavar="N",
+                     help="with --ray: CPUs Ray reserves for each rank (default: 1; below 1 packs more CPU ranks "
+                          "on a node than it has cores, as the tests do)")
+    ray.add_argument("--ray-autoscaling", default=None, metavar="JSON",
+                     help="with --ray: Ray Serve's autoscaling_config, e.g. '{\"min_replicas\": 1, \"max_replicas\": 4, "
+                          "\"target_ongoing_requests\": 2}' (replaces --replicas; default: none, a fixed --replicas)")
     return serve
 
 
@@ -101,7 +116,46 @@ def serve_settings(args, check_port: bool = False):
         **limit_settings(args))
 
 
+def ray_options(args) -> dict | None:
+    """--ray's settings, checked before anything starts (None without --ray)."""
+    import json
+
+    given = [f for f in ("replicas", "ray_address", "ray_gpus_per_rank", "ray_cpus_per_rank", "ray_autoscaling")
+             if getattr(args, f) not in (None, 1)]
+    if not args.ray:
+        if given:
+            raise ConfigError(f"--{given[0].replace('_', '-')} is a setting of --ray: add --ray, or drop it")
+        return None
+    if args.replicas < 1:
+        raise ConfigError(f"--replicas must be >= 1, got {args.replicas}")
+    if args.ray_gpus_per_rank is not None and not 0 <= args.ray_gpus_per_rank <= 8:
+        raise ConfigError(f"--ray-gpus-per-rank must be between 0 and 8, got {args.ray_gpus_per_rank:g}")
+    if not 0 < args.ray_cpus_per_rank <= 256:
+        raise ConfigError(f"--ray-cpus-per-rank must be > 0 and at most 256, got {args.ray_cpus_per_rank:g}")
+    autoscaling = None
+    if args.ray_autoscaling is not None:
+        try:
+            autoscaling = json.loads(args.ray_autoscaling)
+        except ValueError as exc:
+            raise ConfigError(f"--ray-autoscaling is not JSON ({exc}): give Ray Serve's autoscaling_config as an "
+                              "object, e.g. '{\"min_replicas\": 1, \"max_replicas\": 4}'") from None
+        if not isinstance(autoscaling, dict):
+            raise ConfigError("--ray-autoscaling must be a JSON object (Ray Serve's autoscaling_config)")
+    try:
+        import ray  # noqa: F401
+        from ray import serve  # noqa: F401
+    except ImportError:
+        raise ConfigError("--ray needs Ray Serve: pip install 'meshdit[ray]' (or pip install 'ray[serve]')") from None
+    return {"replicas": args.replicas, "autoscaling": autoscaling, "address": args.ray_address,
+            "gpus_per_rank": args.ray_gpus_per_rank, "cpus_per_rank": args.ray_cpus_per_rank}
+
+
 def serve_command(args) -> int:
+    ray = ray_options(args)
+    if ray is not None:
+        from .ray_app import run_on_ray
+
+        return run_on_ray(serve_settings(args, check_port=True), **ray)
     settings = serve_settings(args, check_port=True)
     if settings.api_key is None and not is_loopback(args.host):
         print(f"meshdit: WARNING: serving on {args.host}:{args.port} WITHOUT an API key "

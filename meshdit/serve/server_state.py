@@ -215,6 +215,17 @@ class ServerState:
                 raise BadRequest(param, f"{param} is {count} tokens for {type(tokenizer).__name__}; the model reads "
                                         f"at most {limit}: shorten it")
 
+    def remote_job(self, job_id: str):
+        """A job another replica holds (none here: one server; serve/ray_app.py's replicas look on their board)."""
+        return None
+
+    def cancel(self, job: Job) -> None:
+        self.queue.cancel(job)
+
+    def answers_when_dead(self, method: str, path: str) -> bool:
+        """Whether a request is still answered after the mesh failed (one server: none, it is stopping)."""
+        return False
+
     # -- the rank loop's side ----------------------------------------------
     def progress(self, batch: list[Job]):
         """on_step for a batch: records progress; asks to stop once every job in it is cancelled or too old."""
