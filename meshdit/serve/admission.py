@@ -88,6 +88,9 @@ class Admission:
         measured = max(job.finished for job in done) - min(starts)
         per_job = measured / len(batch)
         predicted = [job.predicted_s for job in batch]
+        for job in done:  # as predicted before this batch corrects the model: what admission decided with
+            self.metrics.service_seconds.observe(job.finished - (job.started or min(starts)))
+            self.metrics.predicted_seconds.observe(self.seconds(job))
         with self._lock:
             self.mean_job_s = per_job if self.mean_job_s is None else \
                 (1 - CORRECTION_WEIGHT) * self.mean_job_s + CORRECTION_WEIGHT * per_job
@@ -96,9 +99,6 @@ class Admission:
                 weight = 1.0 if self.batches == 0 else CORRECTION_WEIGHT
                 self.correction = (1 - weight) * self.correction + weight * ratio
                 self.batches += 1
-        for job in done:
-            self.metrics.service_seconds.observe(job.finished - (job.started or min(starts)))
-            self.metrics.predicted_seconds.observe(self.seconds(job))
         self.metrics.prediction_correction.set(self.correction)
 
     def publish(self, queue) -> None:
