@@ -83,8 +83,12 @@ def serve_settings(args, check_port: bool = False):
 
         engine.loras = tuple(adapters_in_dir(args.lora_dir).items())  # checked with the model just below
     # The smallest batch a request may make: one image per data-parallel group.
-    _, request = check_before_launch(engine, request, num_images=max(engine.config.data_parallel_degree, 1),
-                                  image_per_request=True)
+    info, request = check_before_launch(engine, request, num_images=max(engine.config.data_parallel_degree, 1),
+                                        image_per_request=True)
+    if info.is_video and engine.config.data_parallel_degree > 1:
+        raise ConfigError(f"--data-parallel-degree {engine.config.data_parallel_degree}: each video request makes one "
+                          "video, and data parallelism needs one per group in every request: give the ranks to "
+                          "--ulysses-degree, --ring-degree or --cfg-degree instead.")
     if check_port:
         _check_port(args.host, args.port)
     from .server_state import ServeSettings  # numpy and the server's modules: only once every check passed

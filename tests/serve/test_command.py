@@ -105,6 +105,9 @@ def test_every_video_family_is_served(tmp_path):
             assert (settings.request.num_frames, settings.request.fps) == (9, family.default_fps), name
     with pytest.raises(Exception, match="--num-frames is for video models"):
         serve_settings(build_parser().parse_args(["serve", "--num-frames", "9"]))
+    with pytest.raises(Exception, match="each video request makes one video"):
+        serve_settings(build_parser().parse_args(["serve", "--model", str(tmp_path / "wan"), "--height", "64",
+                                                  "--width", "64", "--num-frames", "9", "--data-parallel-degree", "2"]))
 
 
 def test_every_serve_flag_has_a_help_text_with_its_default():
