@@ -47,7 +47,10 @@ class Admission:
         from ..planner.predict import predict
 
         layout, costs, world = inputs
-        return predict(layout, costs, world, request).total_s
+        try:
+            return predict(layout, costs, world, request).total_s
+        except (ArithmeticError, KeyError, TypeError, ValueError):  # advisory: a request the model cannot price
+            return None  # is priced at the measured mean of a job
 
     def price(self, job: Job) -> None:
         """Sets job.predicted_s, the planner's uncorrected seconds (None without a planner)."""

@@ -252,7 +252,9 @@ def create_app(state: ServerState) -> FastAPI:
     def find(job_id: str) -> Job | JSONResponse:
         state.results.expire()  # a status is exact about expiry even while the rank loop is busy
         job = state.queue.get(job_id)
-        return job if job is not None else error(404, f"no job {job_id!r} (unknown or forgotten)", "id")
+        if job is None or job.id.startswith("video_"):  # a video's: /v1/videos/{id}
+            return error(404, f"no job {job_id!r} (unknown or forgotten)", "id")
+        return job
 
     @app.get("/v1/images/jobs/{job_id}")
     async def job_status(job_id: str):
