@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import httpx
 import pytest
 
 from meshdit.testing.serve_process import KEY, REPO, Server
@@ -94,6 +95,7 @@ def test_json_request_delete_and_refusals(wan):
                         ({"prompt": PROMPT, "n": 2}, "n")):  # OpenAI's videos have no n
         r = server.client.post("/v1/videos", json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
+    assert httpx.post(server.url + "/v1/videos", json={"prompt": PROMPT}).status_code == 401  # the key, as images
     image = server.client.post("/v1/images/generations", json={"prompt": PROMPT})
     assert image.status_code == 400 and "/v1/videos" in image.json()["error"]["message"]
     assert server.client.get("/health").json()["defaults"] == {"size": "64x64", "steps": 2, "num_frames": 9, "fps": 16}
@@ -104,6 +106,7 @@ def test_delete_cancels_a_queued_video(wan):
     server, _ = wan
     first = server.client.post("/v1/videos", json={"prompt": PROMPT, "num_frames": 33, "steps": 50}).json()
     queued = server.client.post("/v1/videos", json={"prompt": PROMPT, "num_frames": 33, "steps": 50}).json()
+    assert server.client.get(f"/v1/images/jobs/{queued['id']}").status_code == 404  # not an image job
     assert server.client.delete(f"/v1/videos/{queued['id']}").json()["deleted"] is True
     assert server.client.delete(f"/v1/videos/{first['id']}").json()["deleted"] is True
     assert server.client.get(f"/v1/videos/{queued['id']}").status_code == 404
