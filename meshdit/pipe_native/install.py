@@ -29,7 +29,7 @@ from ..config import ParallelConfig
 from ..distributed.mesh import ParallelMesh, SingleProcessMesh
 from ..errors import ConfigError
 from ..models.registry import family_for_transformer
-from ..vae.settings import VaeDecodeSettings
+from ..vae.settings import UNSPLIT_VAE_REASONS, VaeDecodeSettings
 from .batch_split import BatchSplit
 from .steps import StepCaches
 from .support import support_of
@@ -128,6 +128,9 @@ def parallelize(pipe, config: ParallelConfig | ParallelMesh | None = None, *, ca
         cache.validate()
         cache = cache if cache.enabled else None
     vae_settings = _vae_settings(vae)
+    if vae_settings is not None and (why := UNSPLIT_VAE_REASONS.get(type(pipe.vae).__name__)):
+        raise ConfigError(f"vae=: meshdit cannot decode {type(pipe.vae).__name__} in parts exactly: {why}; leave "
+                          "vae= unset (every rank decodes the whole image).")
     mesh = _mesh_for(config)
     config = mesh.config
     _check_layout(pipe, support, family, config)

@@ -6,6 +6,8 @@ calls it again, unparallelizes it and returns the largest difference relative to
 """
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import torch
 
@@ -22,12 +24,10 @@ LAYOUTS = {
     # name -> (degrees, parallelize options)
     "ulysses": (dict(ulysses_degree=2), {}),
     "ring": (dict(ring_degree=2), {}),
-    "usp": (dict(ulysses_degree=2, ring_degree=2), {}),
     "tp": (dict(tensor_parallel_degree=2), {}),
     "cfg": (dict(cfg_degree=2), {}),
     "vae": (dict(ulysses_degree=2), dict(vae=VaeDecodeSettings(parallel=True))),
     "cache": (dict(ulysses_degree=2), dict(cache=CACHE)),
-    "cfg-ulysses": (dict(cfg_degree=2, ulysses_degree=2), {}),
 }
 
 
@@ -43,6 +43,10 @@ def as_array(result, output_type: str) -> np.ndarray:
 def call(pipe, name: str, output_type: str = "np") -> np.ndarray:
     kwargs = CASES[name].call()
     kwargs.setdefault("num_inference_steps", CASES[name].steps)
+    taken = inspect.signature(type(pipe).__call__).parameters
+    for size in ("height", "width"):  # HunyuanVideo 1.5's image-to-video takes its size from the image
+        if size not in taken:
+            kwargs.pop(size, None)
     with torch.inference_mode():
         result = pipe(**kwargs, generator=torch.Generator().manual_seed(3), output_type=output_type)
     return as_array(result, output_type)
@@ -68,6 +72,8 @@ def run_case(name: str, layouts: list[str], output_type: str = "np") -> dict[str
     for layout in layouts:
         degrees, options = LAYOUTS[layout]
         expected = reference
+        if "cache" in options and CASES[name].cache:
+            options = dict(options, cache=CacheSettings(**CASES[name].cache))
         if "cache" in options:  # the cached serial run: the same decisions on one process
             with meshdit.parallelized(pipe, None, **options):
                 expected = call(pipe, name, output_type)
@@ -80,3 +86,55 @@ def run_case(name: str, layouts: list[str], output_type: str = "np") -> dict[str
             else:
                 meshdit.unparallelize(pipe)
     return differences
+
+
+def lora_after_parallelize(folder: str) -> tuple[float, float]:
+    """FLUX.1 with a LoRA loaded through diffusers' own load_lora_weights after meshdit.parallelize (Ulysses 2):
+    (its difference from the same load in one process, the adapter's effect), relative to the largest value."""
+    from meshdit.testing.tiny_lora import save_tiny_lora
+
+    path = save_tiny_lora("flux", f"{folder}/lora.safetensors") if _rank() == 0 else None
+    import torch.distributed as dist
+
+    dist.barrier()
+    path = f"{folder}/lora.safetensors"
+    pipe = build("FluxPipeline")
+    plain = call(pipe, "FluxPipeline")
+    pipe.load_lora_weights(path, adapter_name="style")
+    reference = call(pipe, "FluxPipeline")
+    pipe.unload_lora_weights()
+    meshdit.parallelize(pipe, mesh_for(ParallelConfig(ulysses_degree=2)))
+    pipe.load_lora_weights(path, adapter_name="style")
+    pipe.set_adapters(["style"], [1.0])
+    adapted = call(pipe, "FluxPipeline")
+    meshdit.unparallelize(pipe)
+    return relative_difference(adapted, reference), relative_difference(plain, reference)
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
+def unparallelize_restores(name: str) -> bool:
+    """After parallelize (Ulysses 2, cfg-free; parallel VAE; cache) and unparallelize, the pipeline's class, its
+    VAE's decode, its transformer's hooks and torch's SDPA are what they were."""
+    import torch.nn.functional as F
+
+    pipe = build(name)
+    before = (type(pipe), dict(pipe.vae.__dict__).get("decode"), _hook_counts(pipe.transformer),
+              F.scaled_dot_product_attention)
+    meshdit.parallelize(pipe, mesh_for(ParallelConfig(ulysses_degree=2)), vae=True, cache=CACHE)
+    during = (type(pipe), dict(pipe.vae.__dict__).get("decode"), _hook_counts(pipe.transformer),
+              F.scaled_dot_product_attention)
+    call(pipe, name)
+    meshdit.unparallelize(pipe)
+    after = (type(pipe), dict(pipe.vae.__dict__).get("decode"), _hook_counts(pipe.transformer),
+             F.scaled_dot_product_attention)
+    changed = all(a != b for a, b in zip(before, during))
+    return changed and before == after
+
+
+def _hook_counts(module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in module.modules())
