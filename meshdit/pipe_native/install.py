@@ -19,6 +19,7 @@ installed:
 from __future__ import annotations
 
 import atexit
+import functools
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -201,6 +202,8 @@ def _subclass(cls: type) -> type:
                 result = cls.__call__(self, *args, **kwargs)
             state.cache_report = caches.report
             return result
+
+        functools.update_wrapper(__call__, cls.__call__)  # its signature and docs: diffusers' own
 
         _SUBCLASSES[cls] = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
                                                        "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})

@@ -1,7 +1,7 @@
 """The step cache of one `pipe(...)` call: meshdit/cache's StepCache on every denoiser, told where each step begins.
 
 The Engine's loop tells the caches each step; diffusers' own loop does not, so a pre-hook on each denoiser reads its
-`timestep` argument: a value it has not seen in this call begins a step (a pipeline that calls the transformer once
+`timestep` argument (its largest value): one that differs from the last call's begins a step (a pipeline that calls the transformer once
 per guidance branch calls it with the same timestep, each call keeping its own slot, as in the Engine). Decisions are
 per image row, from global sums over the sequence group, so every rank takes the same one; installed for the call
 and removed after it.
@@ -36,7 +36,8 @@ class StepCaches:
 
             def begin(_module, args, kwargs, cache=cache, signature=signature):
                 t = signature.bind_partial(*args, **kwargs).arguments.get("timestep")
-                key = tuple(t.reshape(-1)[:1].tolist()) if isinstance(t, torch.Tensor) else (t,)
+                # the largest value: per-token timesteps (LTX's conditions, Wan 2.2 TI2V) hold 0 on conditioned tokens
+                key = float(t.max()) if isinstance(t, torch.Tensor) else t
                 if not seen or seen[-1] != key:
                     seen.append(key)
                 if cache.step != len(seen) - 1 or not cache.slots:  # a new step for this denoiser

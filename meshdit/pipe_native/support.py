@@ -46,6 +46,16 @@ VERIFIED: dict[str, tuple[str, ...]] = {
     "SanaPipeline": ("ulysses", "ring", "cfg", "cache"),
     "CogVideoXPipeline": ("ulysses", "cfg", "tp", "vae", "cache"),
     "CogVideoXImageToVideoPipeline": ("ulysses", "ring", "cfg"),
+    "QwenImageEditPipeline": ("ulysses", "tp"),
+    "WanPipeline": ("ulysses", "ring", "tp", "cache"),
+    "WanImageToVideoPipeline": ("ulysses", "vae"),
+    "LTXPipeline": ("cfg",),
+    "LTXImageToVideoPipeline": ("ulysses", "cfg", "vae"),
+    "LTXConditionPipeline": ("ring", "cache"),
+    "HunyuanVideoPipeline": ("ulysses", "vae", "cache"),
+    "HunyuanVideoImageToVideoPipeline": ("ring",),
+    "HunyuanVideo15Pipeline": ("ulysses", "cache"),
+    "HunyuanVideo15ImageToVideoPipeline": ("ring", "vae"),
 }
 
 

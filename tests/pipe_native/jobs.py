@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 import meshdit
+import meshdit.pipe_native
 from meshdit.cache.settings import CacheSettings
 from meshdit.config import ParallelConfig
 from meshdit.testing.rank_pool import mesh_for
@@ -80,6 +81,10 @@ def run_case(name: str, layouts: list[str], output_type: str = "np") -> dict[str
         meshdit.parallelize(pipe, mesh_for(ParallelConfig(**degrees)), **options)
         try:
             differences[layout] = relative_difference(call(pipe, name, output_type), expected)
+            report = meshdit.pipe_native.installed(pipe).cache_report
+            if "cache" in options and not any(c for masks in report.values() for slot in masks for row in slot
+                                              for c in row):
+                raise AssertionError(f"{name}: the step cache skipped no step: the cache layout tested nothing")
         finally:
             if layout == "tp":  # the weights are shards now: a fresh pipeline for what follows
                 pipe = build(name)
@@ -138,3 +143,4 @@ def unparallelize_restores(name: str) -> bool:
 
 def _hook_counts(module) -> int:
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in module.modules())
+
