@@ -105,7 +105,7 @@ def document(table) -> str:
 
 
 def readme_with_summary(readme: str, table) -> str:
-    block = f"{SUMMARY_START}\n{summary(table)}\n{SUMMARY_END}"
+    block = f"{SUMMARY_START}{summary(table)}{SUMMARY_END}"  # inline: the README's line budget
     pattern = re.compile(re.escape(SUMMARY_START) + r".*?" + re.escape(SUMMARY_END), re.S)
     if not pattern.search(readme):
         raise SystemExit(f"README.md has no {SUMMARY_START} ... {SUMMARY_END} block to fill")

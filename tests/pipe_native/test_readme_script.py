@@ -40,7 +40,7 @@ def test_readme_script_on_two_ranks_equals_one_process(tmp_path):
     run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
          "--master-port", str(free_port()), "my_flux.py"], tmp_path)
     two_ranks = np.asarray(_load(tmp_path / "cat.png"), dtype=np.int16)
-    assert two_ranks.shape == one_process.shape == (64, 64, 3)
+    assert two_ranks.shape == one_process.shape == (256, 256, 3)  # FluxPipeline's default size
     # 8-bit PNGs of float images equal to 1e-6: a value on a rounding edge may land one level apart
     assert np.abs(two_ranks - one_process).max() <= 1
 
