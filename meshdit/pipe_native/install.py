@@ -132,9 +132,11 @@ def parallelize(pipe, config: ParallelConfig | ParallelMesh | None = None, *, ca
     if vae_settings is not None and (why := UNSPLIT_VAE_REASONS.get(type(pipe.vae).__name__)):
         raise ConfigError(f"vae=: meshdit cannot decode {type(pipe.vae).__name__} in parts exactly: {why}; leave "
                           "vae= unset (every rank decodes the whole image).")
+    # the layout is checked before any world is joined: a refusal reaches every rank alike, at once
+    _check_layout(pipe, support, family, config.config if isinstance(config, (ParallelMesh, SingleProcessMesh))
+                  else config or ParallelConfig())
     mesh = _mesh_for(config)
     config = mesh.config
-    _check_layout(pipe, support, family, config)
     if mesh.device.type == "cuda" and pipe.device.type == "cuda" and pipe.device != mesh.device:
         pipe.to(mesh.device)  # `pipe.to("cuda")` on every rank put them all on cuda:0: this rank's own GPU
     plan = family.plan()
