@@ -15,10 +15,13 @@ from .lazy import lazy_names
 # torch, diffusers and transformers take seconds to import; `meshdit --help` and the checks made before any
 # rank starts need none of them, so the names that do are imported on first use.
 _LAZY = {"Engine": ".engine", "GenerateResult": ".engine", "ParallelMesh": ".distributed.mesh",
-         "plan_layout": ".planner.auto"}
+         "plan_layout": ".planner.auto", "parallelize": ".pipe_native", "unparallelize": ".pipe_native",
+         "parallelized": ".pipe_native", "CacheSettings": ".cache.settings", "VaeDecodeSettings": ".vae.settings",
+         "is_output_rank": ".pipe_native"}
 
 __all__ = ["ConfigError", "Engine", "GenerateRequest", "GenerateResult", "ParallelConfig", "ParallelMesh",
-           "RankFailedError", "init", "plan_layout", "shutdown"]
+           "RankFailedError", "init", "plan_layout", "shutdown", "parallelize", "unparallelize", "parallelized",
+           "CacheSettings", "VaeDecodeSettings", "is_output_rank"]
 __version__ = "0.1.0"
 __getattr__ = lazy_names(__name__, _LAZY)
 

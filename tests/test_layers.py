@@ -36,7 +36,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("denoising, vae, cache", ("denoising", "vae", "cache")),
     ("models", ("models",)),
     ("combine, loading", ("combine", "loading")),
-    ("engine", ("engine",)),
+    ("engine", ("engine", "pipe_native")),
     ("runner", ("runner", "rank", "prelaunch")),
     ("entry points", ("", "__main__", "cli", "serve", "testing", "planner.command", "planner.calibrate")),
 )

@@ -1,0 +1,170 @@
+"""One tiny pipeline and one call per pipeline class, for the pipe-native exactness tests.
+
+Each class is built from its family's tiny pipeline's components (meshdit/models/tiny/<family>.py), so the weights
+are those the other tests use; the call exercises the keywords diffusers users pass (negative prompts, several
+images per prompt, a callback that edits the latents, given latents or prompt embeddings, input images, masks,
+strength), spread over the classes to keep the run short.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from meshdit.testing.tiny_models import sample_image, tiny_pipeline
+
+
+def halve_latents(pipe, step, timestep, kwargs):
+    """A callback_on_step_end that edits the latents (every rank runs it on its replicated latents)."""
+    return {"latents": kwargs["latents"] * 0.9}
+
+
+def mask_image(height: int, width: int):
+    from PIL import Image
+
+    mask = torch.zeros(height, width, dtype=torch.uint8)
+    mask[height // 4: 3 * height // 4, width // 3:] = 255
+    return Image.fromarray(mask.numpy())
+
+
+def retyped(build: str, cls: str, **extra) -> Callable:
+    """The tiny pipeline `build`'s components made into diffusers' class `cls` (its other components None)."""
+    def make():
+        import diffusers
+
+        base = tiny_pipeline(build)
+        target = getattr(diffusers, cls)
+        parameters = inspect.signature(target.__init__).parameters
+        components = {name: base.components.get(name) for name in parameters if name != "self"
+                      and parameters[name].default is inspect.Parameter.empty}
+        components.update({name: base.components[name] for name in parameters
+                           if name in base.components and name not in components})
+        return target(**components, **extra)
+    return make
+
+
+@dataclass(frozen=True)
+class Case:
+    build: Callable
+    call: Callable[[], dict]
+    """The keywords of the call (besides generator and output_type)."""
+    steps: int = 2
+    cache: dict = field(default_factory=dict)
+    """CacheSettings fields of the "cache" layout (default: jobs.CACHE's); SD3's last block returns no text, so it
+    must run (dbcache, a back block)."""
+
+
+def sd3_inpaint():
+    """SD3's inpaint pipeline asks for 16 latent channels (or 33: the inpainting model's), as SD3's VAE has."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3InpaintPipeline
+
+    from meshdit.models.tiny.parts import tiny_vae
+
+    base = tiny_pipeline("sd35")
+    torch.manual_seed(0)
+    transformer = SD3Transformer2DModel(
+        sample_size=16, patch_size=2, in_channels=16, num_layers=2, attention_head_dim=8, num_attention_heads=4,
+        joint_attention_dim=32, caption_projection_dim=32, pooled_projection_dim=32, out_channels=16,
+        pos_embed_max_size=32, dual_attention_layers=(0,), qk_norm="rms_norm").eval()
+    components = dict(base.components, transformer=transformer, vae=tiny_vae(latent_channels=16),
+                      scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
+    return StableDiffusion3InpaintPipeline(**{k: v for k, v in components.items()
+                                              if k not in ("image_encoder", "feature_extractor")})
+
+
+FLUX_TEXT = dict(prompt="a red cat", max_sequence_length=6, height=32, width=48)
+SD3_TEXT = dict(prompt="a red cat", max_sequence_length=6, height=32, width=48, guidance_scale=5.0)
+
+
+def _user_latents(shape, seed=5):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+CASES: dict[str, Case] = {
+    "FluxPipeline": Case(lambda: tiny_pipeline("flux"), lambda: dict(
+        FLUX_TEXT, negative_prompt="a dog", true_cfg_scale=3.0, num_images_per_prompt=2,
+        callback_on_step_end=halve_latents)),
+    "FluxImg2ImgPipeline": Case(retyped("flux", "FluxImg2ImgPipeline"), lambda: dict(
+        FLUX_TEXT, image=sample_image(32, 48), strength=0.7, num_inference_steps=3), steps=3),
+    "FluxInpaintPipeline": Case(retyped("flux", "FluxInpaintPipeline"), lambda: dict(
+        FLUX_TEXT, image=sample_image(32, 48), mask_image=mask_image(32, 48), strength=0.8,
+        negative_prompt="a dog", true_cfg_scale=2.0), steps=3),
+    "FluxKontextPipeline": Case(lambda: tiny_pipeline("kontext"), lambda: dict(
+        FLUX_TEXT, image=sample_image(32, 48), _auto_resize=False, max_area=32 * 48)),
+    "FluxKontextInpaintPipeline": Case(retyped("kontext", "FluxKontextInpaintPipeline"), lambda: dict(
+        FLUX_TEXT, image=sample_image(32, 48), mask_image=mask_image(32, 48), strength=0.9, _auto_resize=False, max_area=32 * 48),
+        steps=3),
+    "StableDiffusion3Pipeline": Case(lambda: tiny_pipeline("sd35-4blocks"), lambda: dict(
+        SD3_TEXT, negative_prompt="a dog", num_images_per_prompt=2, callback_on_step_end=halve_latents),
+        cache=dict(method="dbcache", front_blocks=1, back_blocks=1, warmup=1, threshold=10.0)),
+    "StableDiffusion3Img2ImgPipeline": Case(retyped("sd35", "StableDiffusion3Img2ImgPipeline"), lambda: dict(
+        SD3_TEXT, image=sample_image(32, 48), strength=0.7), steps=3),
+    "StableDiffusion3InpaintPipeline": Case(lambda: sd3_inpaint(), lambda: dict(
+        SD3_TEXT, image=sample_image(32, 48), mask_image=mask_image(32, 48), strength=0.9), steps=3),
+    "PixArtSigmaPipeline": Case(lambda: tiny_pipeline("pixart-sigma"), lambda: dict(
+        prompt="a red cat", max_sequence_length=6, height=32, width=48, use_resolution_binning=False,
+        latents=_user_latents((1, 4, 16, 24)))),
+    "PixArtAlphaPipeline": Case(lambda: tiny_pipeline("pixart-alpha"), lambda: dict(
+        prompt="a red cat", max_sequence_length=6, height=32, width=48, use_resolution_binning=False,
+        num_images_per_prompt=2)),
+    "ChromaPipeline": Case(lambda: tiny_pipeline("chroma"), lambda: dict(
+        FLUX_TEXT, negative_prompt="a dog", guidance_scale=3.0)),
+    "ChromaImg2ImgPipeline": Case(retyped("chroma", "ChromaImg2ImgPipeline"), lambda: dict(
+        FLUX_TEXT, image=sample_image(32, 48), strength=0.7, guidance_scale=3.0), steps=3),
+    "QwenImagePipeline": Case(lambda: tiny_pipeline("qwenimage"), lambda: dict(
+        prompt="a red cat", max_sequence_length=6, height=128, width=192, negative_prompt="a dog",
+        true_cfg_scale=3.0)),
+    "QwenImageImg2ImgPipeline": Case(retyped("qwenimage", "QwenImageImg2ImgPipeline"), lambda: dict(
+        prompt="a red cat", max_sequence_length=6, height=128, width=192, image=sample_image(128, 192),
+        strength=0.7), steps=3),
+    "QwenImageInpaintPipeline": Case(retyped("qwenimage", "QwenImageInpaintPipeline"), lambda: dict(
+        prompt="a red cat", max_sequence_length=6, height=128, width=192, image=sample_image(128, 192),
+        mask_image=mask_image(128, 192), strength=0.9), steps=3),
+    "HunyuanDiTPipeline": Case(lambda: tiny_pipeline("hunyuandit"), lambda: dict(
+        prompt="a red cat", height=128, width=192, guidance_scale=5.0, use_resolution_binning=False)),
+    "SanaPipeline": Case(lambda: tiny_pipeline("sana"), lambda: dict(
+        prompt="a red cat", max_sequence_length=6, height=128, width=192, guidance_scale=4.5,
+        complex_human_instruction=None, use_resolution_binning=False)),
+    "Flux2Pipeline": Case(lambda: tiny_pipeline("flux2"), lambda: dict(
+        prompt_embeds=torch.randn(1, 5, 32, generator=torch.Generator().manual_seed(7)), height=32, width=48,
+        guidance_scale=4.0)),
+}
+
+
+def _guard_cases() -> dict[str, Case]:
+    """The other families' classes: the first degree-1 guard case of each pipeline class not above
+    (meshdit/models/tiny/<family>.py GUARD_CASES: the plain diffusers call meshdit's recipes are checked against)."""
+    import importlib
+
+    from meshdit.models.registry import FAMILIES
+    from meshdit.models.tiny import GUARD_SIZE
+
+    found: dict[str, Case] = {}
+    for family in FAMILIES:
+        module = importlib.import_module(family.tiny_module)
+        for guard in module.GUARD_CASES.values():
+            cls = _class_of(family, guard.build)
+            if cls in CASES or cls in found:
+                continue
+            found[cls] = Case(lambda build=guard.build: tiny_pipeline(build),
+                              lambda guard=guard: dict(guard.call, **{k: v for k, v in {**GUARD_SIZE, **guard.size}
+                                                                      .items() if k != "num_inference_steps"}),
+                              steps=guard.size.get("num_inference_steps", GUARD_SIZE["num_inference_steps"]))
+    return found
+
+
+def _class_of(family, build: str) -> str:
+    """The pipeline class a tiny build makes, from the builder's own module without building it: the one of the
+    family's pipeline classes whose name the build's words suggest (i2v, edit, condition), else the first."""
+    words = build.split("-")
+    for cls in family.pipeline_classes[1:]:
+        lowered = cls.lower()
+        if ("i2v" in words and "imagetovideo" in lowered) or ("edit" in words and "edit" in lowered) or (
+                "condition" in words and "condition" in lowered) or ("alpha" in words and "alpha" in lowered):
+            return cls
+    return family.pipeline_classes[0]
+
+
+CASES.update(_guard_cases())
