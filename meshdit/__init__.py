@@ -16,7 +16,7 @@ from .lazy import lazy_names
 # rank starts need none of them, so the names that do are imported on first use.
 _LAZY = {"Engine": ".engine", "GenerateResult": ".engine", "ParallelMesh": ".distributed.mesh",
          "plan_layout": ".planner.auto", "parallelize": ".pipe_native", "unparallelize": ".pipe_native",
-         "parallelized": ".pipe_native", "CacheSettings": ".cache.settings", "VaeDecodeSettings": ".vae.settings",
+         "parallelized": ".pipe_native", "CacheSettings": ".cache_settings", "VaeDecodeSettings": ".vae.settings",
          "is_output_rank": ".pipe_native"}
 
 __all__ = ["ConfigError", "Engine", "GenerateRequest", "GenerateResult", "ParallelConfig", "ParallelMesh",

@@ -24,7 +24,7 @@ import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ..cache.settings import CacheSettings
+from ..cache_settings import CacheSettings
 from ..combine.parallelize import denoisers, parallelize as combine_parallelize
 from ..config import ParallelConfig
 from ..distributed.mesh import ParallelMesh, SingleProcessMesh

@@ -13,7 +13,7 @@ import torch
 
 import meshdit
 import meshdit.pipe_native
-from meshdit.cache.settings import CacheSettings
+from meshdit.cache_settings import CacheSettings
 from meshdit.config import ParallelConfig
 from meshdit.testing.rank_pool import mesh_for
 from meshdit.vae.settings import VaeDecodeSettings
