@@ -1,5 +1,5 @@
 """`meshdit generate --lora` through the CLI: PipeFusion 2 with lean loading (each stage reads only its blocks'
-weights and adapter tensors) equals the serial run with the same adapter."""
+weights and adapter tensors) equals the serial run with the same adapter; the stage cut ignores adapters."""
 import os
 import subprocess
 import sys
@@ -34,3 +34,21 @@ def test_pipefusion_lean_loading_with_lora_equals_serial(tmp_path):
     serial = _generate(lora, tmp_path / "serial.npy")
     staged = _generate(lora, tmp_path / "pf2.npy", "--pipefusion-parallel-degree", "2", "--warmup-steps", "2")
     assert np.array_equal(staged, serial), np.abs(staged - serial).max()
+
+
+def test_an_adapter_does_not_change_a_block_s_weight_in_the_stage_cut(tmp_path):
+    """What the stages cut by (block_weight) is the base block's, whichever adapters a stage loaded."""
+    from meshdit.engine import Engine
+    from meshdit.parallel.pipefusion import block_weight
+    from meshdit.testing.tiny_models import tiny_pipeline
+
+    pipe = tiny_pipeline("flux-4blocks")
+    blocks = [*pipe.transformer.transformer_blocks, *pipe.transformer.single_transformer_blocks]
+    before = [block_weight(b) for b in blocks]
+    lora = save_tiny_lora("flux-4blocks", str(tmp_path / "ink.safetensors"), rank=4, scale=None)
+    engine = Engine(pipe, loras={"ink": lora})
+    try:
+        assert sum(".lora_A." in n for n, _ in pipe.transformer.named_modules()) > 0
+        assert [block_weight(b) for b in blocks] == before
+    finally:
+        engine.close()
