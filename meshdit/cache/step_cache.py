@@ -34,6 +34,7 @@ class _Segment:
 
     spec: BlockList
     residual: dict = field(default_factory=dict)  # per slot: carry -> [d0, d1, d2] Taylor terms [B, ...]
+    absent: set = field(default_factory=set)  # streams the last block returns as None (SD3's last block: no text)
 
 
 @dataclass
@@ -178,6 +179,13 @@ class StepCache:
             computed = [r for r in range(slot.rows) if not slot.cached[r]]
             result = {}
             for name, out in outputs.items():
+                # a stream the segment's last block does not return (None when computed; a cached step passes
+                # the input through): the cached segment returns None too, as the block does
+                if out is None or name in segment.absent:
+                    if out is None:
+                        segment.absent.add(name)
+                    result[name] = None
+                    continue
                 if computed:
                     self._store(terms, name, out - inputs[name], computed, slot)
                 if cached:

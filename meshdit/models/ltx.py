@@ -35,12 +35,13 @@ from ..parallel.plan import LOCAL, OUTPUT, BlockList, Gather, ModelPlan, Sequenc
 # rope module returns it (the rope builds the whole grid from the ints, so it needs no split input), as
 # diffusers' _cp_plan does. Text stays whole on every rank (attn2 is cross-attention: LOCAL), so its tokens
 # and padding mask are not split, unlike the _cp_plan's (tests/models/test_diffusers_guard.py: NOT_SPLIT).
-# The timestep is per token [B, S] in image-to-video, split with the tokens; [B, 1] in text-to-video (a table).
+# The timestep is per token [B, S] in image-to-video, split with the tokens; [B, 1] in text-to-video (a table);
+# [B] (diffusers' own transformer test) has no tokens and stays whole, as Wan's does (expected_dims).
 PLAN = ModelPlan(
     SequencePlan(
         splits=(
             Split("", "hidden_states", -2, "img"),
-            Split("", "timestep", -1, "img", table=True),
+            Split("", "timestep", -1, "img", table=True, expected_dims=2),
             Split("rope", OUTPUT, -2, "img"),
         ),
         gathers=(Gather("proj_out", -2, "img"),),

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..attention.stale_kv import StaleKV
-from ..distributed.comm import PipeChannel
+from ..distributed.comm import PipeChannel, all_gather_object
 from ..distributed.mesh import ParallelMesh
 from .plan import BlockList, StagePlan
 
@@ -61,6 +61,10 @@ class PipeFusion:
         modules = dict(transformer.named_modules())
         blocks = [(modules[spec.path], i, spec) for spec in plan.blocks for i in range(len(modules[spec.path]))]
         sizes = balanced_stages([block_weight(b[0][b[1]]) for b in blocks], self.num_stages)
+        cuts = all_gather_object(sizes, self.channel.group, "pipefusion_cut")
+        if any(cut != sizes for cut in cuts):  # a block run twice or never: a wrong image, so stop here
+            raise RuntimeError(f"PipeFusion stages cut the blocks differently (blocks per stage, by stage: {cuts}): "
+                               "every rank must weigh the blocks alike (parallel/pipefusion.block_weight)")
         starts = [sum(sizes[:s]) for s in range(self.num_stages)]
         mine = range(starts[self.stage], starts[self.stage] + sizes[self.stage])
         for index, (block_list, i, spec) in enumerate(blocks):
@@ -170,6 +174,9 @@ def balanced_stages(weights: list[int], num_stages: int) -> list[int]:
 # timestep embedding, once per sample) and the text stream (norm1_context, ff_context, attn.add_q_proj,
 # attn.to_add_out: a few dozen tokens). diffusers names them alike across families.
 _NOT_PER_IMAGE_TOKEN = re.compile(r"(^|\.)(norm[^.]*|[^.]*context[^.]*|add_[^.]*|to_add_[^.]*)(\.|$)")
+# peft's adapter modules (lora_A, lora_B, lora_magnitude_vector, ...): a PipeFusion stage loads only its own
+# blocks' adapters, so counting them would make each stage weigh the blocks differently and cut elsewhere.
+_ADAPTER = re.compile(r"(^|\.)lora_[^.]*(\.|$)")
 
 
 def block_weight(module: nn.Module) -> int:
@@ -179,11 +186,12 @@ def block_weight(module: nn.Module) -> int:
     count a Flux double block (two streams, two modulations) weighs 2.4 single blocks, and PipeFusion 2
     put 3 of 4 equally slow blocks on one stage. Counts, not bytes: every rank must split alike, though
     a rank's own blocks may be in the working dtype, others' still fp32 on the meta device, and FP8
-    layers (quantized while loading) hold buffers that stand for `stands_for_numel` parameters.
+    layers (quantized while loading) hold buffers that stand for `stands_for_numel` parameters, and LoRA
+    adapters (loaded before the cut, each stage only its own blocks') are left out.
     """
     total = 0
     for name, m in module.named_modules():
-        if not _NOT_PER_IMAGE_TOKEN.search(name):
+        if not _NOT_PER_IMAGE_TOKEN.search(name) and not _ADAPTER.search(name):
             total += sum(p.numel() for p in m.parameters(recurse=False)) + getattr(m, "stands_for_numel", 0)
     return total
 

@@ -73,3 +73,20 @@ def compiled_cached(name: str, degrees: dict, cache: dict, prompts=None):
     compile_jobs._Graphs.compiled = compile_jobs._Graphs.runs = 0
     images, masks = generate_cached(name, dict(degrees, compile=compile_jobs.COUNTING), cache, prompts)
     return images, masks, compile_jobs._Graphs.compiled, compile_jobs._Graphs.runs
+
+
+def generate_presets(name: str, degrees: dict, caches: list[dict], prompts=None, fields: dict | None = None,
+                     steps: int = STEPS):
+    """generate_cached for each of `caches` (CacheSettings fields) in turn on one engine: [(images, masks), ...]."""
+    config, settings = split_layout(degrees)
+    engine = Engine(sp_jobs.pipeline(name), mesh_for(config) if config.world_size > 1 else None)
+    try:
+        results = []
+        for cache in caches:
+            request = sp_jobs.request(name, *sp_jobs.image_test_size(name, *SIZE), steps=steps, prompts=prompts,
+                                      cache=CacheSettings(**cache), **settings, **(fields or {}))
+            result = engine.generate(request)
+            results.append((result.images, dict(result.cache.masks)))
+        return results
+    finally:
+        engine.close()

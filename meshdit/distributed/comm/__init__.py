@@ -7,6 +7,7 @@ streamed at load) calls torch.distributed only through this package:
   gathers, CFG's branch exchange, data-parallel images), all-reduce (VAE statistics and
   tiles, the agreed stop flag; tensor parallelism's row-parallel sums), broadcasts (PipeFusion's final latents, streamed weights,
   text embeddings, images decoded on one rank of the image group);
+  small objects gathered once at setup (PipeFusion's stage cut, compared across stages);
 - point_to_point.py: the ring exchange (ring attention), the pipeline channel between
   PipeFusion stages, the neighbour exchange (VAE halos), plain send/recv (weight streaming);
 - stats.py: the byte counters, incremented only here, one rule per primitive;
@@ -30,14 +31,15 @@ The gloo rules (benchmarks/gloo_p2p.py; its timings are in docs/ARCHITECTURE.md,
   already waiting in its receive (weight streaming).
 NCCL may also hold a send until its peer receives (large messages), so the same rules serve it.
 """
-from .collectives import (PendingAllToAll, all_gather, all_gather_uneven, all_reduce, all_to_all_chunks,
-                          all_to_all_flat_async, broadcast, broadcast_from, broadcast_object,
+from .collectives import (PendingAllToAll, all_gather, all_gather_object, all_gather_uneven, all_reduce,
+                          all_to_all_chunks, all_to_all_flat_async, broadcast, broadcast_from, broadcast_object,
                           group_rank, group_size, split_sizes, tensor_parallel_all_reduce)
 from .point_to_point import PipeChannel, RingExchange, exchange_with_neighbours, recv_into, send
 from .stats import CommStats, comm_stats
 
 __all__ = [
-    "CommStats", "PendingAllToAll", "PipeChannel", "RingExchange", "all_gather", "all_gather_uneven", "all_reduce",
+    "CommStats", "PendingAllToAll", "PipeChannel", "RingExchange", "all_gather", "all_gather_object",
+    "all_gather_uneven", "all_reduce",
     "all_to_all_chunks", "all_to_all_flat_async", "broadcast", "broadcast_from",
     "broadcast_object", "comm_stats",
     "exchange_with_neighbours", "group_rank", "group_size", "recv_into", "send", "split_sizes",

@@ -194,6 +194,17 @@ def broadcast_object(obj, src: int, group: dist.ProcessGroup | None, kind: str):
     return box[0]
 
 
+def all_gather_object(obj, group: dist.ProcessGroup | None, kind: str) -> list:
+    """Every group rank's picklable obj, in group rank order (small facts each rank decided alone, compared)."""
+    world = group_size(group)
+    if world == 1:
+        return [obj]
+    comm_stats.add(kind, len(pickle.dumps(obj)) * (world - 1))
+    out = [None] * world
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
 def broadcast_from(x: torch.Tensor | None, src: int, group: ProcessGroup | None, kind: str, device) -> torch.Tensor:
     """Group rank `src`'s tensor on every rank, where only `src` has one (the others pass None).
 

@@ -32,3 +32,11 @@ GUARD_CASES = {
     "chroma-true-cfg": GuardCase("chroma", dict(prompt=GUARD_PROMPT, negative_prompt="", guidance_scale=5.0,
                                                 max_sequence_length=GUARD_TEXT), 5.0),
 }
+
+
+def diffusers_test_inputs(config, d) -> dict:
+    """diffusers' test_models_transformer_chroma.py: 4 x 4 image tokens, 48 text tokens, 3-axis ids."""
+    b = d.batch
+    return dict(hidden_states=d.randn(b, 16, config.in_channels),
+                encoder_hidden_states=d.randn(b, 48, config.joint_attention_dim), img_ids=d.randn(16, 3),
+                txt_ids=d.randn(48, 3), timestep=d.ones())

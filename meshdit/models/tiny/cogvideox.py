@@ -84,3 +84,10 @@ GUARD_CASES = {
     "cogvideox-i2v-ofs": GuardCase("cogvideox-i2v-ofs", dict(_VIDEO, image=sample_image(**_GUARD_HW),
                                                              max_sequence_length=GUARD_TEXT), 6.0),
 }
+
+
+def diffusers_test_inputs(config, d) -> dict:
+    """diffusers' test_models_transformer_cogvideox.py: 1 frame of 8 x 8, 8 text tokens."""
+    b = d.batch
+    return dict(hidden_states=d.randn(b, 1, config.in_channels, 8, 8),
+                encoder_hidden_states=d.randn(b, 8, config.text_embed_dim), timestep=d.steps())

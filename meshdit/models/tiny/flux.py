@@ -40,3 +40,12 @@ GUARD_CASES = {
     "flux-guidance-distilled": GuardCase("flux-distilled", dict(prompt=GUARD_PROMPT, guidance_scale=3.5,
                                                                 max_sequence_length=GUARD_TEXT), 3.5),
 }
+
+
+def diffusers_test_inputs(config, d) -> dict:
+    """diffusers' test_models_transformer_flux.py: 4 x 4 image tokens, 48 text tokens, 3-axis ids."""
+    b = d.batch
+    return dict(hidden_states=d.randn(b, 16, config.in_channels),
+                encoder_hidden_states=d.randn(b, 48, config.joint_attention_dim),
+                pooled_projections=d.randn(b, config.pooled_projection_dim), img_ids=d.randn(16, 3),
+                txt_ids=d.randn(48, 3), timestep=d.ones())

@@ -34,3 +34,14 @@ GUARD_CASES = {
     "flux2": GuardCase("flux2", dict(prompt_embeds=FLUX2_EMBEDS, guidance_scale=4.0), 4.0,
                        {"prompt_embeds": FLUX2_EMBEDS}),
 }
+
+
+def diffusers_test_inputs(config, d) -> dict:
+    """diffusers' test_models_transformer_flux2.py: 4 x 4 image tokens, 48 text tokens, 4-axis ids (t, h, w, l)."""
+    b = d.batch
+    image_ids = torch.cartesian_prod(torch.arange(1), torch.arange(4), torch.arange(4), torch.arange(1))  # [16, 4]
+    text_ids = torch.cartesian_prod(torch.arange(1), torch.arange(1), torch.arange(1), torch.arange(48))  # [48, 4]
+    return dict(hidden_states=d.randn(b, 16, config.in_channels),
+                encoder_hidden_states=d.randn(b, 48, config.joint_attention_dim),
+                img_ids=image_ids.expand(b, -1, -1), txt_ids=text_ids.expand(b, -1, -1), timestep=d.ones(),
+                guidance=d.ones())

@@ -66,3 +66,16 @@ GUARD_CASES = {
     "hunyuandit": GuardCase("hunyuandit", dict(prompt=GUARD_PROMPT, guidance_scale=5.0, use_resolution_binning=False),
                             5.0),
 }
+
+
+def diffusers_test_inputs(config, d) -> dict:
+    """diffusers' test_models_transformer_hunyuan_dit.py: an 8 x 8 latent, a 1 x 1 rotary grid; the text lengths
+    are the model's (diffusers' test model is built with text_len = text_len_t5 = 4, its input's lengths)."""
+    b, head, clip, t5 = d.batch, config.attention_head_dim, config.text_len, config.text_len_t5
+    return dict(hidden_states=d.randn(b, config.in_channels, 8, 8),
+                encoder_hidden_states=d.randn(b, clip, config.cross_attention_dim),
+                text_embedding_mask=torch.ones(b, clip),
+                encoder_hidden_states_t5=d.randn(b, t5, config.cross_attention_dim_t5),
+                text_embedding_mask_t5=torch.ones(b, t5), timestep=d.steps().float(),
+                image_meta_size=torch.tensor([[1024, 1024, 16, 16, 0, 0]] * b, dtype=torch.float32),
+                style=torch.zeros(b, dtype=torch.long), image_rotary_emb=[torch.ones(1, head), torch.zeros(1, head)])

@@ -123,3 +123,14 @@ GUARD_CASES = {
     "hunyuanvideo-i2v-true-cfg": GuardCase("hunyuanvideo-i2v", dict(_I2V, negative_prompt="", true_cfg_scale=3.0),
                                            3.0),
 }
+
+
+def diffusers_test_inputs(config, d) -> dict:
+    """diffusers' test_models_transformer_hunyuan_video.py: 1 frame of 16 x 16, 12 text tokens."""
+    b = d.batch
+    inputs = dict(hidden_states=d.randn(b, config.in_channels, 1, 16, 16), timestep=d.steps().float(),
+                  encoder_hidden_states=d.randn(b, 12, config.text_embed_dim),
+                  pooled_projections=d.randn(b, config.pooled_projection_dim), encoder_attention_mask=torch.ones(b, 12))
+    if config.guidance_embeds:
+        inputs["guidance"] = d.steps().float()
+    return inputs

@@ -96,3 +96,13 @@ GUARD_CASES = {
     "hunyuanvideo15-i2v": GuardCase("hunyuanvideo15-i2v", dict(
         prompt=PROMPT15, num_frames=5, image=sample_image(GUARD_SIZE["height"], GUARD_SIZE["width"])), None),
 }
+
+
+def diffusers_test_inputs(config, d) -> dict:
+    """diffusers' test_models_transformer_hunyuan_1_5.py: 1 frame of 8 x 8, 6 + 4 text tokens, 3 image tokens."""
+    b = d.batch
+    return dict(hidden_states=d.randn(b, config.in_channels, 1, 8, 8), timestep=d.ones(),
+                encoder_hidden_states=d.randn(b, 6, config.text_embed_dim),
+                encoder_hidden_states_2=d.randn(b, 4, config.text_embed_2_dim),
+                encoder_attention_mask=torch.ones(b, 6), encoder_attention_mask_2=torch.ones(b, 4),
+                image_embeds=torch.zeros(b, 3, config.image_embed_dim))

@@ -3,7 +3,7 @@ transformer too) in a FluxKontextPipeline."""
 from __future__ import annotations
 
 from . import GUARD_PROMPT, GUARD_SIZE, GUARD_TEXT, GuardCase, TinyTests
-from .flux import tiny_flux_pipeline
+from .flux import diffusers_test_inputs, tiny_flux_pipeline  # noqa: F401 (the same transformer)
 from .parts import sample_image, tiny_vae
 
 

@@ -70,3 +70,12 @@ GUARD_CASES = {
                                                      decode_timestep=0.05, decode_noise_scale=0.025), 3.0,
                                {"decode_timestep": 0.05, "decode_noise_scale": 0.025}, _SIZE),
 }
+
+
+def diffusers_test_inputs(config, d) -> dict:
+    """diffusers' test_models_transformer_ltx.py: packed tokens of 2 frames x 16 x 16, 16 text tokens, a [B]
+    timestep (no tokens: the plan's timestep split leaves it whole)."""
+    b = d.batch
+    return dict(hidden_states=d.randn(b, 2 * 16 * 16, config.in_channels),
+                encoder_hidden_states=d.randn(b, 16, config.caption_channels), timestep=d.steps(),
+                encoder_attention_mask=torch.ones(b, 16).bool(), num_frames=2, height=16, width=16)

@@ -69,3 +69,24 @@ def sample_image(height: int = 48, width: int = 80):
     y, x = torch.meshgrid(torch.linspace(0, 1, height), torch.linspace(0, 1, width), indexing="ij")
     rgb = torch.stack([x, y, (x * y).sqrt()], dim=-1)  # [H, W, 3]
     return Image.fromarray((rgb * 255).round().to(torch.uint8).numpy())
+
+
+class DummyInputs:
+    """How diffusers' transformer tests draw their `get_dummy_inputs` (tests/models/transformers/
+    test_models_transformer_<family>.py), at `batch`, from one seeded generator: every process draws the same.
+    A family's `diffusers_test_inputs(config, d)` builds its transformer's call from these."""
+
+    def __init__(self, batch: int = 2) -> None:
+        self.batch = batch
+        self.generator = torch.Generator().manual_seed(0)
+
+    def randn(self, *shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=self.generator)
+
+    def steps(self) -> torch.Tensor:
+        """[B] timesteps: diffusers' torch.randint(0, 1000, size=(batch_size,))."""
+        return torch.randint(0, 1000, (self.batch,), generator=self.generator)
+
+    def ones(self) -> torch.Tensor:
+        """[B] ones: diffusers' torch.tensor([1.0]).expand(batch_size)."""
+        return torch.tensor([1.0]).expand(self.batch)

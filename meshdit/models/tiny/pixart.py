@@ -34,3 +34,11 @@ GUARD_CASES = {
                                use_resolution_binning=False), 4.5)
     for name in ("pixart-sigma", "pixart-alpha")
 }
+
+
+def diffusers_test_inputs(config, d) -> dict:
+    """diffusers' test_models_pixart_transformer2d.py: an 8 x 8 latent, 8 text tokens."""
+    b = d.batch
+    return dict(hidden_states=d.randn(b, config.in_channels, 8, 8), timestep=d.steps(),
+                encoder_hidden_states=d.randn(b, 8, config.caption_channels),
+                added_cond_kwargs={"aspect_ratio": None, "resolution": None})

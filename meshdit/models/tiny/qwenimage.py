@@ -105,3 +105,12 @@ CP_PLAN_NOT_SPLIT = {
     ("transformer_blocks.*", "modulate_index"): "zero_cond_t only, which meshdit refuses",
     ("pos_embed", 1): "the text's rotary freqs, whole with the text",
 }
+
+
+def diffusers_test_inputs(config, d) -> dict:
+    """diffusers' test_models_transformer_qwenimage.py: 4 x 4 image tokens, 8 text tokens."""
+    b = d.batch
+    return dict(hidden_states=d.randn(b, 16, config.in_channels),
+                encoder_hidden_states=d.randn(b, 8, config.joint_attention_dim),
+                encoder_hidden_states_mask=torch.ones(b, 8, dtype=torch.long), timestep=d.ones(),
+                img_shapes=[(1, 4, 4)] * b)

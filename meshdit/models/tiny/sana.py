@@ -64,3 +64,10 @@ GUARD_CASES = {
                                                 complex_human_instruction=None), 4.5,
                                    extra=dict(complex_human_instruction=None), size=dict(height=64, width=96)),
 }
+
+
+def diffusers_test_inputs(config, d) -> dict:
+    """diffusers' test_models_transformer_sana.py: a 32 x 32 latent, 8 text tokens."""
+    b = d.batch
+    return dict(hidden_states=d.randn(b, config.in_channels, 32, 32),
+                encoder_hidden_states=d.randn(b, 8, config.caption_channels), timestep=d.steps())

@@ -42,3 +42,11 @@ SKIP_LAYER_GUIDANCE = dict(skip_guidance_layers=[1], skip_layer_guidance_scale=2
 GUARD_CASES["sd35-skip-layer-guidance"] = GuardCase(
     "sd35", dict(prompt=GUARD_PROMPT, guidance_scale=5.0, max_sequence_length=GUARD_TEXT, **SKIP_LAYER_GUIDANCE), 5.0,
     extra=SKIP_LAYER_GUIDANCE, size=dict(num_inference_steps=3))
+
+
+def diffusers_test_inputs(config, d) -> dict:
+    """diffusers' test_models_transformer_sd3.py: a 32 x 32 latent, 154 text tokens."""
+    b = d.batch
+    return dict(hidden_states=d.randn(b, config.in_channels, 32, 32),
+                encoder_hidden_states=d.randn(b, 154, config.joint_attention_dim),
+                pooled_projections=d.randn(b, config.pooled_projection_dim), timestep=d.steps())

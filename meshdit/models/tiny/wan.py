@@ -122,3 +122,10 @@ GUARD_CASES = {
     "wan22-ti2v-i2v": GuardCase("wan22-ti2v-i2v", dict(_VIDEO, max_sequence_length=GUARD_TEXT, image=sample_image(
         _TI2V_SIZE["height"], _TI2V_SIZE["width"])), 5.0, size=_TI2V_SIZE),
 }
+
+
+def diffusers_test_inputs(config, d) -> dict:
+    """diffusers' test_models_transformer_wan.py: 2 frames of 16 x 16, 12 text tokens, a [B] timestep."""
+    b = d.batch
+    return dict(hidden_states=d.randn(b, config.in_channels, 2, 16, 16),
+                encoder_hidden_states=d.randn(b, 12, config.text_dim), timestep=d.steps())
