@@ -62,6 +62,8 @@ class Prediction:
     """Gives serial's image: no PipeFusion staleness, no FP8, no tiled decode."""
     comm_s: float
     """Of step_s: the communication not hidden behind compute."""
+    calibrated: bool = True
+    """The world's figures were measured or are a GPU preset's (hardware.World.calibrated)."""
 
 
 def axis_link(layout: Layout, axis: str, world: World) -> Link:
@@ -249,7 +251,7 @@ def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRe
         fits = per_node <= world.memory_bytes * world.gpus_per_node * USABLE_MEMORY
     else:
         fits = memory.peak <= world.memory_bytes * USABLE_MEMORY
-    return Prediction(layout, memory, step, total, fits, exact, comm_s)
+    return Prediction(layout, memory, step, total, fits, exact, comm_s, world.calibrated)
 
 
 __all__ = ["Memory", "Prediction", "predict", "axis_link"]
