@@ -105,7 +105,8 @@ def estimate(engine, info, request: GenerateRequest, device_type: str | None = N
     from .planner.layouts import layout_of
     from .planner.model_costs import costs_of
 
-    device_type = device_type or ("cuda" if gpu_visible() else "cpu")
+    planned_on_cpu = os.environ.get("MESHDIT_PLAN_DEVICE") == "cpu"  # as --layout auto plans (planner/auto.py)
+    device_type = device_type or ("cuda" if not planned_on_cpu and gpu_visible() else "cpu")
     defaults = info.request_defaults()
     request = request.with_defaults(defaults)
     costs = costs_of(engine.model, info)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from ..errors import ConfigError
 from ..config_files import Field, check_fields, config_path, read_json
+from ..errors import ConfigError
 from ..models.info import MAX_BLOCKS, TRANSFORMER_FIELDS, ModelInfo
 from ..vae.settings import UNSPLIT_VAE_REASONS
 
@@ -231,7 +231,7 @@ def _text_encoder_params(folder: str) -> tuple[int, int]:
                     and os.path.isfile(os.path.join(folder, name, "config.json")):
                 configs.append((read_json(folder, f"{name}/config.json"), config_path(folder, f"{name}/config.json")))
     for config, where in configs:
-        inner = config.get("text_config", config) if isinstance(config, dict) else None
+        inner = config.get("text_config", config) if isinstance(config, dict) else config
         if not isinstance(inner, dict):
             raise ConfigError(f"{where}: a text encoder's config is {type(inner).__name__}, not the object "
                               "transformers writes: restore the file from the model's source, or pass another --model.")
