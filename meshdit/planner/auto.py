@@ -49,7 +49,7 @@ def preset_for(name: str) -> str:
 def auto_world(ranks: int | None) -> World:
     """The world --layout auto plans for."""
     if ranks is not None and (not isinstance(ranks, int) or isinstance(ranks, bool) or not 1 <= ranks <= MAX_RANKS):
-        raise ConfigError(f"--ranks must be a whole number in 1..{MAX_RANKS}, got {ranks!r}.")
+        raise ConfigError(f"--ranks must be a whole number >= 1 (at most {MAX_RANKS}), got {ranks!r}.")
     torchrun = _torchrun_world()
     if torchrun is not None:
         per_node, nodes = torchrun

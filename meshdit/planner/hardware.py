@@ -260,7 +260,7 @@ def world_from(preset: str, gpus: int | None, nodes: int, memory: str | None = N
     for flag, value in (("--gpus", gpus), ("--nodes", nodes)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not
                                   1 <= value <= MAX_RANKS):
-            raise ConfigError(f"{flag} must be a whole number in 1..{MAX_RANKS}, got {value!r}.")
+            raise ConfigError(f"{flag} must be a whole number >= 1 (at most {MAX_RANKS}), got {value!r}.")
     if (gpus or 1) * nodes > MAX_RANKS:
         raise ConfigError(f"--gpus {gpus} x --nodes {nodes} is {(gpus or 1) * nodes} ranks; meshdit plans for at most "
                           f"{MAX_RANKS}: use fewer --gpus or --nodes.")

@@ -10,6 +10,7 @@ import pytest
 
 from meshdit.cli import main
 from meshdit.default_model import weights_path
+from meshdit.errors import ConfigError
 from meshdit.planner.snapshots import snapshot_names
 
 _BUNDLED_TRANSFORMER = json.loads((weights_path() / "transformer" / "config.json").read_text())
@@ -64,14 +65,13 @@ PLAN_FLAGS = {
     "intra-gbps-nan": (["--gpus", "2", "--intra-node-gbps", "nan"], "--intra-node-gbps must be a number of GB/s in"),
     "inter-gbps-inf": (["--gpus", "2", "--inter-node-gbps", "inf"], "--inter-node-gbps must be a number of GB/s in"),
     "intra-gbps-0": (["--gpus", "2", "--intra-node-gbps", "0"], "--intra-node-gbps must be a number of GB/s in"),
-    "gpus-1e5": (["--gpus", "100000"], "--gpus must be a whole number in 1..4096, got 100000"),
+    "gpus-1e5": (["--gpus", "100000"], "--gpus must be a whole number >= 1 (at most 4096), got 100000"),
     "world-above-4096": (["--gpus", "8", "--nodes", "1024"], "is 8192 ranks; meshdit plans for at most 4096"),
     "gpu-memory-0": (["--gpus", "2", "--gpu-memory", "0GB"], "--gpu-memory 0GB is out of range"),
     "gpu-memory-overflow": (["--gpus", "2", "--gpu-memory", "9" * 400], "is out of range: give 1MB..1PB per GPU"),
     "steps-1e400": (["--steps", "1" + "0" * 400], "is out of range: it must be in 1..10000"),
     "warmup-1e400": (["--warmup-steps", "1" + "0" * 400], "is out of range: it must be in 1..10000"),
     "top-0": (["--top", "0"], "--top must be >= 1"),
-    "text-tokens-1e400": (["--extra", "max_sequence_length=1" + "0" * 400], "--max-sequence-length 1000"),
 }
 
 
@@ -85,13 +85,17 @@ def test_plan_numeric_flags_are_finite_positive_and_bounded(flags, message, caps
 
 
 def test_an_unknown_model_name_lists_the_built_in_ones(capsys, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    def not_on_the_hub(model, name):  # what config_files says when the Hub or its cache has no such model
+        raise ConfigError(f"model {model!r} was not found: ... the Hugging Face Hub or its local cache")
+
+    monkeypatch.setattr("meshdit.config_files._hub_file", not_on_the_hub)
     for name, guess in (("wan", "did you mean wan2.1-t2v-14b?"), ("fluxdev", "did you mean flux"),
                         ("no-such/model", "")):
         assert main(["plan", "--model", name]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"meshdit: error: --model {name!r} is not a built-in model: {guess}"), err
         assert all(snapshot in err for snapshot in snapshot_names()) and "Wan-AI/Wan2.1-T2V-14B-Diffusers" in err
+        assert "the Hugging Face Hub or its local cache" in err  # and why the Hub id did not load
 
 
 def test_the_table_names_each_column_once_and_explains_them(capsys):
