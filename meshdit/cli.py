@@ -80,7 +80,11 @@ def check_request_cost(engine, info, request, force: bool = False) -> None:
     ranks can get (unless --force), warns of one that will take very long (naming the predicted time)."""
     from .request_cost import estimate, refusal, warning
 
-    cost = estimate(engine, info, request)
+    try:
+        cost = estimate(engine, info, request)
+    except ConfigError as exc:  # a field only the cost model reads (diffusers would take its class default)
+        print(f"meshdit: warning: no memory or time estimate for this request: {exc}", file=sys.stderr)
+        return
     refused = None if force else refusal(cost, request, info.request_defaults())
     if refused:
         raise ConfigError(refused)

@@ -2,6 +2,7 @@
 over planner/predict.py: one memory model for `meshdit plan`, `--layout auto` and this check). A request whose
 predicted memory exceeds what the ranks can get is refused, naming the largest size that fits and --force; one that
 will take very long is warned about, naming the predicted time."""
+import json
 import re
 
 import pytest
@@ -107,3 +108,18 @@ def test_on_a_gpu_the_check_is_one_devices_peak_by_the_devices_preset(monkeypatc
     predicted = predict(layout_of(engine), costs_of(engine.model, info), world_from("h100-sxm", 2, 1), request)
     assert cost.where == "GPU memory" and cost.memory_bytes == predicted.memory.peak  # bfloat16: the preset's
     assert cost.too_much_memory and cost.largest_fitting[0] < 8192
+
+
+def test_a_field_only_the_cost_model_reads_missing_skips_the_estimate_with_a_warning(tmp_path, launched, capsys):
+    """diffusers fills a config's missing attention_head_dim from the class default: generate still runs, unjudged."""
+    from meshdit.default_model import weights_path
+
+    for path in weights_path().rglob("*.json"):
+        target = tmp_path / "model" / path.relative_to(weights_path())
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(path.read_bytes())
+    config = json.loads((weights_path() / "transformer" / "config.json").read_text())
+    del config["attention_head_dim"]
+    (tmp_path / "model" / "transformer" / "config.json").write_text(json.dumps(config))
+    assert main(["generate", "--model", str(tmp_path / "model"), "--output", str(tmp_path / "x.png")]) == 0
+    assert "no memory or time estimate for this request" in capsys.readouterr().err and len(launched) == 1
