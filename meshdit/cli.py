@@ -7,7 +7,7 @@ from dataclasses import replace
 from . import __version__
 from .errors import ConfigError, RankFailedError
 from .flags import (FlagParser, add_engine_flags, add_output_flags, add_request_flags, engine_settings_from_args,
-                    request_from_args)
+                    flag, request_from_args)
 from .preflight import check_output_writable, check_temp_folder, read_prompt_file
 
 
@@ -21,6 +21,8 @@ def build_parser() -> FlagParser:
     add_engine_flags(gen)
     add_request_flags(gen)
     add_output_flags(gen)
+    flag(gen, "force", action="store_true",
+         help="start a request whose predicted memory exceeds what the ranks can get (default: refuse it)")
     from .serve.command import add_serve_parser
 
     add_serve_parser(commands)
@@ -73,11 +75,20 @@ def warn_unknown_words(model: str, prompts: list[str]) -> None:
         print(f"meshdit: warning: {note}", file=sys.stderr)
 
 
-def warn_if_heavy(model: str, info, config, request, vae, dtype) -> None:
-    """Before the ranks start: a request that will take very long or needs more memory than this machine has."""
-    from .request_cost import estimate, warning
+def check_request_cost(engine, info, request, force: bool = False) -> None:
+    """Before the ranks start, by the planner's cost model: refuses a request whose predicted memory exceeds what the
+    ranks can get (unless --force), warns of one that will take very long (naming the predicted time)."""
+    from .request_cost import estimate, refusal, warning
 
-    note = warning(estimate(model, info, config, request, vae, dtype), request, info.request_defaults())
+    try:
+        cost = estimate(engine, info, request)
+    except ConfigError as exc:  # a field only the cost model reads (diffusers would take its class default)
+        print(f"meshdit: warning: no memory or time estimate for this request: {exc}", file=sys.stderr)
+        return
+    refused = None if force else refusal(cost, request, info.request_defaults())
+    if refused:
+        raise ConfigError(refused)
+    note = warning(cost, request, info.request_defaults())
     if note:
         print(f"meshdit: warning: {note}", file=sys.stderr)
 
@@ -99,7 +110,7 @@ def generate_command(args) -> None:
     temp_note = check_temp_folder()
     if temp_note:
         print(f"meshdit: warning: {temp_note}", file=sys.stderr)
-    warn_if_heavy(engine.model, info, engine.config, request, engine.vae, engine.dtype)
+    check_request_cost(engine, info, request, args.force)
     # torch, diffusers and transformers are imported only now that the request is known to be valid.
     from .distributed.launch import launch
     from .runner import GenerateJob, run_generate

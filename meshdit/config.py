@@ -47,6 +47,8 @@ COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 MAX_CFG_DEGREE = 4  # guidance branches per step in any family (CFG 2; SD3's skip-layer guidance 3; guiders up to 4)
 MAX_SIDE = 8192  # pixels; larger sides are refused before anything allocates (a 100000 px side asks for gigabytes)
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
+MAX_STEPS, MAX_FRAMES, MAX_TEXT_TOKENS = 10_000, 10_000, 65_536  # far above any pipeline's; bounded so the cost
+# estimates before launch stay finite floats (a 400-digit --steps overflowed them)
 
 # The bundled model's own settings, as the help texts quote them (meshdit/default_model/__init__.py).
 BUNDLED = "meshdit's bundled model"
@@ -264,11 +266,11 @@ class GenerateRequest:
                 raise ConfigError(f"--lora: each adapter is (name or file, finite weight), got {entry!r}")
         if self.negative_prompt is not None:
             _check_texts("--negative-prompt", [self.negative_prompt], allow_empty=True)
-        _check_int("--steps", self.num_inference_steps, 1, None, "e.g. --steps 20")
+        _check_int("--steps", self.num_inference_steps, 1, MAX_STEPS, "e.g. --steps 20")
         for name in ("height", "width"):
             _check_int(f"--{name}", getattr(self, name), 1, MAX_SIDE,
                        f"image sides are 1..{MAX_SIDE} pixels, e.g. --{name} 1024")
-        _check_int("--num-frames", self.num_frames, 1, None, "e.g. --num-frames 81")
+        _check_int("--num-frames", self.num_frames, 1, MAX_FRAMES, "e.g. --num-frames 81")
         _check_int("--fps", self.fps, 1, None, "e.g. --fps 16")
         _check_int("--seed", self.seed, 0, MAX_SEED, f"seeds are 0..2**64-1 ({MAX_SEED})", allow_none=False)
         _check_int("--num-images-per-prompt", self.num_images_per_prompt, 1, None,
@@ -278,11 +280,12 @@ class GenerateRequest:
                                   or not math.isfinite(scale)):
             raise ConfigError(f"--guidance-scale must be a finite number, got {scale!r} (inf or nan would write a "
                               "NaN image or silently turn guidance off): use e.g. --guidance-scale 3.5.")
-        _check_int("--max-sequence-length", self.extra.get("max_sequence_length"), 1, None,
+        _check_int("--max-sequence-length", self.extra.get("max_sequence_length"), 1, MAX_TEXT_TOKENS,
                    "e.g. --max-sequence-length 256")
         for flag, value in (("--warmup-steps", self.warmup_steps), ("--num-pipeline-patch", self.num_pipeline_patch)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}: use {flag} 1 or more.")
+            _check_int(flag, value, 1, MAX_STEPS, f"e.g. {flag} 1")
         if not isinstance(self.cache, CacheSettings):
             raise ConfigError(f"cache must be a CacheSettings (meshdit.cache), got {self.cache!r}.")
         self.cache.validate()

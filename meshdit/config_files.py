@@ -4,8 +4,10 @@ vae/settings.py, lora_files.py, request_cost.py) read only these, and lean loadi
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
+from dataclasses import dataclass
 
 from .errors import ConfigError
 
@@ -29,6 +31,9 @@ def read_json(model: str, name: str) -> dict:
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise ConfigError(f"{path} is not valid JSON ({exc}): restore it from the model's source, or pass another "
                           "--model.") from None
+    except RecursionError:  # arrays or objects nested thousands deep: no config diffusers writes
+        raise ConfigError(f"{path} nests its JSON deeper than Python's parser goes, which no diffusers config does: "
+                          "restore it from the model's source, or pass another --model.") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} holds a JSON {type(data).__name__}, not the object diffusers writes: restore it "
                           "from the model's source, or pass another --model.")
@@ -83,7 +88,69 @@ def read_safetensors_header(path: str, what: str | None = None) -> tuple[dict, i
         raise ConfigError(f"{what}: cannot read it: {exc}") from None
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise ConfigError(f"{what}: corrupt safetensors header ({exc})") from None
+    except RecursionError:
+        raise ConfigError(f"{what}: corrupt safetensors header (JSON nested too deep)") from None
     if not isinstance(header, dict):
         raise ConfigError(f"{what}: corrupt safetensors header (not a table of tensors)")
     header.pop("__metadata__", None)
     return header, length
+
+
+@dataclass(frozen=True)
+class Field:
+    """What a numeric config field may hold: a number in low..high (whole: an integer, or a float with an integral
+    value, as some configs write 4.0), or with `items` a list of them (patch_size [1, 2, 2]) or one; `flags`: a list
+    of true/false (temperal_downsample). null counts as absent."""
+    low: float
+    high: float
+    whole: bool = True
+    required: bool = False
+    items: bool = False
+    flags: bool = False
+    max_items: int = 16
+
+
+def config_path(model: str, name: str) -> str:
+    """How a message names a config file: its path in a folder, else the Hub id and the file."""
+    return os.path.join(model, name) if os.path.isdir(model) else f"{model}: {name}"
+
+
+def check_fields(config: dict, fields: dict[str, Field], where: str) -> None:
+    """Each field of `fields` in `config` has the type and range diffusers writes there, else a ConfigError naming
+    the file, the field and its value: a hostile or corrupt config gets a message before anything sizes a table,
+    loops over blocks or converts to float from it. where: the file (config_path)."""
+    fix = "restore the file from the model's source, or pass another --model"
+    for key, rule in fields.items():
+        value = config.get(key)
+        if value is None:
+            if rule.required:
+                raise ConfigError(f"{where} has no {key}, which meshdit needs to plan and check the model: {fix}.")
+            continue
+        values = value if isinstance(value, list) and (rule.items or rule.flags) else [value]
+        if rule.flags:
+            ok = isinstance(value, list) and all(isinstance(v, bool) for v in values)
+        else:
+            ok = all(_in_range(v, rule) for v in values)
+        if not ok or len(values) > rule.max_items or (rule.items and not values):
+            raise ConfigError(f"{where}: {key} is {_shown(value)}; meshdit takes {_expected(rule)} there: {fix}.")
+
+
+def _in_range(value, rule: Field) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if isinstance(value, float) and (not math.isfinite(value) or (rule.whole and not value.is_integer())):
+        return False
+    return rule.low <= value <= rule.high
+
+
+def _expected(rule: Field) -> str:
+    if rule.flags:
+        return f"a list of at most {rule.max_items} true/false values"
+    low, high = (int(x) if float(x).is_integer() else x for x in (rule.low, rule.high))
+    number = f"{'a whole number' if rule.whole else 'a number'} in {low}..{high}"
+    return f"{number} (or a list of at most {rule.max_items} of them)" if rule.items else number
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:30]}... ({len(text)} characters)"

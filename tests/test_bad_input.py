@@ -166,6 +166,17 @@ BAD_INPUTS = {
                                                 "takes exactly 226 text tokens"),
     "cogvideox-1.5-i2v-temporal-patch": (["--model", "{tmp}/cogvideox-1.5-i2v", "--image", "{tmp}/frame.png",
                                           "--output", "{tmp}/x.mp4"], "sets patch_size_t (CogVideoX 1.5's temporal"),
+    # hostile config JSON (config_files.check_fields): a message, never a traceback, a hang or a launch
+    "config-layers-1e7": (["--model", "{tmp}/layers-1e7"], "num_layers is 10000000; meshdit takes a whole number in "
+                          "0..1000"),
+    "config-layers-1e12": (["--model", "{tmp}/layers-1e12"], "num_layers is 1000000000000;"),
+    "config-layers-1e400": (["--model", "{tmp}/layers-1e400"], "num_layers is 100000000000000000000000000000... (401 characters)"),
+    "config-heads-missing": (["--model", "{tmp}/heads-missing"], "transformer/config.json has no num_attention_heads"),
+    "config-heads-text": (["--model", "{tmp}/heads-text"], "num_attention_heads is 'four'; meshdit takes a whole"),
+    "config-heads-negative": (["--model", "{tmp}/heads-negative"], "num_attention_heads is -4; meshdit takes"),
+    "config-heads-nan": (["--model", "{tmp}/heads-nan"], "num_attention_heads is nan;"),
+    "config-vae-levels-text": (["--model", "{tmp}/vae-levels-text"], "vae/config.json: block_out_channels is 'wide'"),
+    "config-json-nested-deep": (["--model", "{tmp}/nested-deep"], "nests its JSON deeper than Python's parser goes"),
     # FP8 options
     "fp8-comm-k-without-fp8-comm": (["--fp8-comm-k"], "needs --fp8-comm too"),
     "attention-backend-unknown": (["--attention-backend", "fp4"], "argument --attention-backend"),
@@ -224,7 +235,19 @@ CONFIG_ONLY_MODELS = {
     "ltx-patch-t2": ("LTXPipeline", {**_LTX_TRANSFORMER, "patch_size_t": 2}, _LTX_VAE),
     "ltx-i2v": ("LTXImageToVideoPipeline", _LTX_TRANSFORMER, _LTX_VAE),
     "ltx-condition": ("LTXConditionPipeline", _LTX_TRANSFORMER, _LTX_VAE),
+    "layers-1e7": ("FluxPipeline", {**_FLUX_TRANSFORMER, "num_layers": 10 ** 7}, _VAE),
+    "layers-1e12": ("FluxPipeline", {**_FLUX_TRANSFORMER, "num_layers": 10 ** 12}, _VAE),
+    "layers-1e400": ("FluxPipeline", {**_FLUX_TRANSFORMER, "num_layers": 10 ** 400}, _VAE),
+    "heads-missing": ("FluxPipeline", {k: v for k, v in _FLUX_TRANSFORMER.items() if k != "num_attention_heads"},
+                      _VAE),
+    "heads-text": ("FluxPipeline", {**_FLUX_TRANSFORMER, "num_attention_heads": "four"}, _VAE),
+    "heads-negative": ("FluxPipeline", {**_FLUX_TRANSFORMER, "num_attention_heads": -4}, _VAE),
+    "heads-nan": ("FluxPipeline", {**_FLUX_TRANSFORMER, "num_attention_heads": float("nan")}, _VAE),
+    "vae-levels-text": ("FluxPipeline", _FLUX_TRANSFORMER, {**_VAE, "block_out_channels": "wide"}),
+    "nested-deep": ("FluxPipeline", _FLUX_TRANSFORMER, _VAE),  # its transformer config replaced below
 }
+NESTED_DEEP = '{"a": ' * 100_000 + "1" + "}" * 100_000
+"""JSON nested 100,000 deep: Python's parser raises RecursionError."""
 
 
 @pytest.fixture
@@ -246,6 +269,7 @@ def workdir(tmp_path):
             if config is not None:
                 (tmp_path / name / part).mkdir(parents=True, exist_ok=True)
                 (tmp_path / name / part / ("config.json" if part else "model_index.json")).write_text(json.dumps(config))
+    (tmp_path / "nested-deep" / "transformer" / "config.json").write_text(NESTED_DEEP)
     return tmp_path
 
 

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..config import GenerateRequest, ParallelConfig, RequestDefaults
-from ..config_files import read_json
+from ..config_files import Field, check_fields, config_path, read_json
 from ..errors import ConfigError
 from ..input_image import open_image
 from .registry import ModelFamily, family_for_pipeline, tensor_parallel_families
@@ -18,6 +18,32 @@ NOISE_DRAWING_SCHEDULERS = frozenset({
 """Schedulers whose step() draws noise from the request's generator (e.g. HunyuanDiT's DDPM): a rank holding
 part of the batch would draw other noise than one process drawing it for the whole batch. A family's own such
 schedulers are its row's noise_drawing_schedulers."""
+
+MAX_BLOCKS = 1000
+"""Blocks in one of a transformer's block lists (the largest released DiTs have 60): a config claiming more is
+refused rather than planned (the planner walks every block of every layout)."""
+_DIM, _SIDE = Field(1, 2 ** 20), Field(1, 2 ** 16)
+TRANSFORMER_FIELDS = {
+    "num_attention_heads": Field(1, 1024, required=True), "attention_head_dim": Field(1, 4096),
+    "num_layers": Field(0, MAX_BLOCKS), "num_single_layers": Field(0, MAX_BLOCKS),
+    "num_refiner_layers": Field(0, MAX_BLOCKS), "patch_size": Field(1, 64, items=True), "patch_size_t": Field(1, 64),
+    "sample_size": Field(1, 2 ** 16, items=True), "sample_height": _SIDE, "sample_width": _SIDE,
+    "pos_embed_max_size": _SIDE, "rope_max_seq_len": _DIM, "target_size": _SIDE, "max_text_seq_length": _DIM,
+    "in_channels": _SIDE, "out_channels": _SIDE, "mlp_ratio": Field(0.01, 64, whole=False), "ffn_dim": _DIM,
+    "text_dim": _DIM, "freq_dim": _DIM, "joint_attention_dim": _DIM, "cross_attention_dim": _DIM,
+    "caption_channels": _DIM, "text_embed_dim": _DIM}
+"""The transformer config's numeric fields the checks, the planner and the request estimate read: type and range,
+checked once as ModelInfo.from_pretrained reads the file (a pipeline in memory was built by diffusers)."""
+VAE_FIELDS = {
+    "block_out_channels": Field(1, 2 ** 16, items=True), "encoder_block_out_channels": Field(1, 2 ** 16, items=True),
+    "decoder_block_out_channels": Field(1, 2 ** 16, items=True), "layers_per_block": Field(0, 64, items=True),
+    "decoder_layers_per_block": Field(0, 64, items=True), "base_dim": _SIDE, "decoder_base_dim": _SIDE,
+    "dim_mult": Field(1, 64, items=True), "num_res_blocks": Field(0, 64), "temperal_downsample": Field(0, 1, flags=True),
+    "spatio_temporal_scaling": Field(0, 1, flags=True), "scale_factor_spatial": Field(1, 1024),
+    "scale_factor_temporal": Field(1, 1024), "spatial_compression_ratio": Field(1, 1024),
+    "temporal_compression_ratio": Field(1, 1024), "patch_size": Field(1, 64, items=True), "patch_size_t": Field(1, 64)}
+"""The same for the VAE config's fields (scale factors, the decoder's levels)."""
+GUIDER_FIELDS = {"guidance_scale": Field(0, 1e6, whole=False)}
 
 
 @dataclass(frozen=True)
@@ -88,6 +114,8 @@ class ModelInfo:
         transformer = read_json(model, "transformer/config.json")
         vae = read_json(model, "vae/config.json")
         family = family_for_pipeline(pipeline_class)
+        check_fields(transformer, TRANSFORMER_FIELDS, config_path(model, "transformer/config.json"))
+        check_fields(vae, VAE_FIELDS, config_path(model, "vae/config.json"))
         if family.is_video:
             from ..vae.settings import video_spatial_scale, video_temporal_scale
 
@@ -104,6 +132,7 @@ class ModelInfo:
         settings = {k: v for k, v in index.items() if not isinstance(v, list)}  # components are [library, class]
         guider = read_json(model, "guider/guider_config.json") if family.default_guidance_from_guider and \
             isinstance(index.get("guider"), list) else {}
+        check_fields(guider, GUIDER_FIELDS, config_path(model, "guider/guider_config.json"))
         return cls(model, pipeline_class, family, transformer, int(vae_scale), str(scheduler_class),
                    int(temporal or 1), settings, guider.get("guidance_scale"))
 

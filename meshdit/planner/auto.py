@@ -12,7 +12,7 @@ from ..config import GenerateRequest, ParallelConfig
 from ..engine_settings import EngineSettings
 from ..errors import ConfigError
 from .choose import auto_config
-from .hardware import CPU_HERE, PRESETS, World, world_from
+from .hardware import CPU_HERE, MAX_RANKS, PRESETS, UNCALIBRATED_NOTE, World, world_from
 from .layouts import AXIS_FIELDS
 from .predict import Prediction
 
@@ -38,7 +38,7 @@ def visible_gpus() -> tuple[int, int, str]:
     return torch.cuda.device_count(), int(props.total_memory), props.name
 
 
-def _preset_for(name: str) -> str:
+def preset_for(name: str) -> str:
     lowered = name.lower()
     for key, preset in (("h200", "h200"), ("h100", "h100-sxm"), ("mi300", "mi300x"), ("r9700", "r9700-pcie")):
         if key in lowered:
@@ -48,8 +48,8 @@ def _preset_for(name: str) -> str:
 
 def auto_world(ranks: int | None) -> World:
     """The world --layout auto plans for."""
-    if ranks is not None and (not isinstance(ranks, int) or ranks < 1):
-        raise ConfigError(f"--ranks must be a whole number >= 1, got {ranks!r}.")
+    if ranks is not None and (not isinstance(ranks, int) or isinstance(ranks, bool) or not 1 <= ranks <= MAX_RANKS):
+        raise ConfigError(f"--ranks must be a whole number >= 1 (at most {MAX_RANKS}), got {ranks!r}.")
     torchrun = _torchrun_world()
     if torchrun is not None:
         per_node, nodes = torchrun
@@ -61,7 +61,7 @@ def auto_world(ranks: int | None) -> World:
         per_node, nodes = (ranks or max(count, 1)), 1
     if count == 0:
         return world_from(CPU_HERE, per_node, nodes)
-    return replace(world_from(_preset_for(name), per_node, nodes), memory_bytes=float(memory))
+    return replace(world_from(preset_for(name), per_node, nodes), memory_bytes=float(memory))
 
 
 def fixed_degrees(config: ParallelConfig) -> dict[str, int]:
@@ -102,9 +102,10 @@ def layout_from_flags(args, engine: EngineSettings, request: GenerateRequest
 
 def describe_choice(engine: EngineSettings, prediction: Prediction) -> str:
     """One line for the summary: what --layout auto chose and what the planner predicts for it."""
+    calibrate = "" if prediction.calibrated else f"; {UNCALIBRATED_NOTE}"
     return (f"--layout auto chose {engine.config.describe()} ({prediction.layout.flags() or 'serial'}) for "
             f"{prediction.layout.world_size} rank(s): predicted {prediction.total_s:.2f} s end to end, "
-            f"{prediction.memory.peak / 1e9:.2f} GB peak per rank (docs/planner.md)")
+            f"{prediction.memory.peak / 1e9:.2f} GB peak per rank (docs/planner.md){calibrate}")
 
 
 def plan_layout(model: str, request: GenerateRequest | None = None, ranks: int | None = None,

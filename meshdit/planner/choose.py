@@ -1,6 +1,7 @@
 """The planner: every legal layout of a world with its prediction, and the one it recommends."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 from ..config import GenerateRequest, ParallelConfig
@@ -10,7 +11,7 @@ from .hardware import World
 from .layouts import legal_layouts
 from .model_costs import ModelCosts, costs_of
 from .predict import Prediction, predict
-from .snapshots import resolve_model
+from .snapshots import resolve_model, unknown_model_note
 
 MAX_WORLD_SEARCHED = 256
 """The largest world `smallest_fitting_world` tries."""
@@ -33,7 +34,12 @@ class Plan:
 def load_model(model: str) -> tuple[str, ModelInfo, ModelCosts]:
     """(folder, info, costs) of a model folder, Hub id or built-in snapshot name."""
     folder = resolve_model(model)
-    info = ModelInfo.from_pretrained(folder)
+    try:
+        info = ModelInfo.from_pretrained(folder)
+    except ConfigError as exc:
+        if os.path.isdir(folder):
+            raise
+        raise ConfigError(f"{unknown_model_note(model)}; as a folder or Hub id: {exc}") from None
     return folder, info, costs_of(folder, info)
 
 

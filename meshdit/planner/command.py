@@ -9,7 +9,7 @@ from ..config import GenerateRequest
 from ..errors import ConfigError
 from ..flags import parse_extra
 from .choose import load_model, make_plan, smallest_fitting_world
-from .hardware import CPU_HERE, PRESET_NAMES, describe, world_from
+from .hardware import CPU_HERE, PRESET_NAMES, UNCALIBRATED_NOTE, describe, world_from
 from .snapshots import snapshot_names
 
 
@@ -61,10 +61,16 @@ def parse_size(text: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
+MAX_IMAGES = 4096
+"""Images of one request `meshdit plan` takes (the request holds a prompt per image)."""
+
+
 def request_from_plan_args(args) -> GenerateRequest:
     height, width = parse_size(args.size) if args.size else (args.height, args.width)
-    if args.images < 1:
-        raise ConfigError(f"--images must be >= 1, got {args.images}.")
+    if not 1 <= args.images <= MAX_IMAGES:
+        raise ConfigError(f"--images must be in 1..{MAX_IMAGES}, got {args.images}.")
+    if args.top is not None and args.top < 1:
+        raise ConfigError(f"--top must be >= 1, got {args.top} (drop it to list every row).")
     request = GenerateRequest(prompt=["a prompt"] * args.images, height=height, width=width,
                               num_inference_steps=args.steps, guidance_scale=args.guidance_scale,
                               num_frames=args.num_frames, warmup_steps=args.warmup_steps,
@@ -118,9 +124,7 @@ def format_plan(plan, args) -> str:
              f"({cfg}), {len(r.prompts)} image(s), "
              f"{plan.costs.tokens(r.height, r.width, r.num_frames)} image tokens",
              f"world: {describe(plan.world)}", ""]
-    header = (f"{'layout':<28} {'vae':<8} {'fp8':<3} {'text':<5} {'weights':>8} {'text':>6} {'activ':>7} "
-              f"{'kv':>6} {'vae':>6} {'peak GB':>8} {'step s':>8} {'total s':>8}  notes")
-    lines.append(header)
+    lines += _table_header()
     rows = [p for p in plan.rows if p.fits or not args.fits_only]
     for p in rows[: args.top or None]:
         m = p.memory
@@ -132,13 +136,16 @@ def format_plan(plan, args) -> str:
         if p is plan.recommended:
             notes.insert(0, "<- recommended")
         lines.append(f"{p.layout.describe():<28} {p.layout.vae:<8} {'on' if p.layout.fp8 else '-':<3} "
-                     f"{_text_place(p.layout):<5} {_gb(m.weights):>8} {_gb(m.text):>6} "
-                     f"{_gb(m.activations):>7} {_gb(m.stale_kv):>6} {_gb(m.vae):>6} {_gb(m.peak):>8} "
+                     f"{_text_place(p.layout):<8} {_gb(m.weights):>7} {_gb(m.text):>6} "
+                     f"{_gb(m.activations):>6} {_gb(m.stale_kv):>6} {_gb(m.vae):>6} {_gb(m.peak):>6} "
                      f"{p.step_s:>8.3g} {p.total_s:>8.3g}  {' '.join(notes)}")
     hidden = len(rows) - min(len(rows), args.top or len(rows))
     if hidden:
         lines.append(f"... {hidden} more row(s) (drop --top)")
     fits = len(plan.fitting)
+    lines += ["", *LEGEND]
+    if not plan.world.calibrated:
+        lines.append(f"note: {UNCALIBRATED_NOTE}.")
     lines.append(f"\n{len(plan.rows)} legal layout(s), {fits} fit.")
     if plan.recommended is not None:
         best = plan.recommended
@@ -146,6 +153,27 @@ def format_plan(plan, args) -> str:
         lines.append(f"recommended: {best.layout.describe()} (predicted {best.total_s:.3g} s end to end, "
                      f"{best.memory.peak / 1e9:.2f} GB peak per rank): meshdit generate {flags}".rstrip())
     return "\n".join(lines)
+
+
+LEGEND = (
+    "decode: the VAE decode (plain: one rank; parallel: row bands over the image's ranks, exact; tiled: 1024 px",
+    "  tiles, approximate). fp8: FP8 GEMMs. encoders: where the text encoders sit (dev: each rank's device;",
+    "  split: their layers over the ranks; cpu: host memory).",
+    "GB per rank: weights (the rank's transformer blocks, the rest of the transformer, the VAE), text (the text",
+    "  encoders), activ (denoising's activations), kv (PipeFusion's stale K/V), vae (the decode's working set),",
+    "  peak = weights + text + the larger of activ + kv and vae; a layout fits when peak <= 90% of a rank's memory.",
+    "seconds: step (one denoising step; PipeFusion: a patch step), total (text encoding, every step, the decode).",
+    "approximate: not serial's image (FP8, a tiled decode, or PipeFusion's stale patches).")
+"""What each column of the table means (docs/planner.md has the formulas)."""
+
+
+def _table_header() -> list[str]:
+    """Two lines: the memory and time groups over their columns, then each column's name (each named once)."""
+    left = f"{'':<28} {'':<8} {'':<3} {'':<8} "
+    memory, seconds = f"{'GB per rank':-^44}", f"{'seconds':-^17}"
+    names = (f"{'layout':<28} {'decode':<8} {'fp8':<3} {'encoders':<8} {'weights':>7} {'text':>6} {'activ':>6} "
+             f"{'kv':>6} {'vae':>6} {'peak':>6} {'step':>8} {'total':>8}  notes")
+    return [f"{left}{memory} {seconds}", names]
 
 
 def plan_json(plan) -> dict:

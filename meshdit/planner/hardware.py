@@ -12,6 +12,12 @@ from dataclasses import asdict, dataclass, replace
 from ..errors import ConfigError
 
 GiB = 1024 ** 3
+MAX_RANKS = 4096
+"""The largest world `meshdit plan` and --layout auto plan for."""
+MAX_LINK_GBPS = 1e5
+"""GB/s per rank: 100 TB/s, far above any link; a larger figure is a typo."""
+MEMORY_RANGE = (1e6, 1e15)
+"""Bytes per rank --gpu-memory takes: 1 MB to 1 PB."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,8 @@ class World:
     pipeline bookkeeping), measured on the bundled model; 0 on the GPU presets (their fit absorbs it)."""
     generate_overhead_s: float = 0.0
     """Fixed cost of one generate beyond its text encoding, steps and decode (tokenizers, latents, image out)."""
+    calibrated: bool = True
+    """False: cpu-here without a calibration file, its rates the defaults (times can be several times off)."""
 
     def share(self, active_ranks: int) -> float:
         """The share of its own speed a rank gets while `active_ranks` ranks compute at once."""
@@ -161,6 +169,7 @@ def cpu_here(ranks: int | None = None, data: dict | None = None) -> World:
     the same form); uncalibrated defaults (a warning says so) where there is none. Rates are one rank's alone;
     predict.py applies World.share."""
     data = (load_calibration() or {}) if data is None else data
+    calibrated = bool(data)
     cores = os.cpu_count() or 1
     memory = _host_memory()
     ranks = ranks or 1
@@ -172,7 +181,7 @@ def cpu_here(ranks: int | None = None, data: dict | None = None) -> World:
                  conv_flops=tuple(sorted((int(c), r) for c, r in data.get("conv_flops", {}).items())),
                  conv3d_flops=tuple(sorted((int(c), r) for c, r in data.get("conv3d_flops", {}).items())),
                  norm_s_per_element=data.get("norm_s_per_element", 0.0),
-                 norm3d_s_per_element=data.get("norm3d_s_per_element", 0.0),
+                 norm3d_s_per_element=data.get("norm3d_s_per_element", 0.0), calibrated=calibrated,
                  **_engine_overheads(data, ranks))
 
 
@@ -249,20 +258,32 @@ def world_from(preset: str, gpus: int | None, nodes: int, memory: str | None = N
     if preset not in PRESET_NAMES:
         raise ConfigError(f"--preset {preset!r} is not one of {', '.join(PRESET_NAMES)}.")
     for flag, value in (("--gpus", gpus), ("--nodes", nodes)):
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}.")
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not
+                                  1 <= value <= MAX_RANKS):
+            raise ConfigError(f"{flag} must be a whole number >= 1 (at most {MAX_RANKS}), got {value!r}.")
+    if (gpus or 1) * nodes > MAX_RANKS:
+        raise ConfigError(f"--gpus {gpus} x --nodes {nodes} is {(gpus or 1) * nodes} ranks; meshdit plans for at most "
+                          f"{MAX_RANKS}: use fewer --gpus or --nodes.")
     if preset == CPU_HERE:
         world = replace(cpu_here((gpus or 1) * nodes), gpus_per_node=gpus or 1, nodes=nodes)
     else:
         world = PRESETS[preset].with_size(gpus or 1, nodes)
     if memory is not None:
-        world = replace(world, memory_bytes=parse_bytes(memory, "--gpu-memory"))
+        nbytes = parse_bytes(memory, "--gpu-memory")
+        if not MEMORY_RANGE[0] <= nbytes <= MEMORY_RANGE[1]:  # also inf, from a number too long for a float
+            raise ConfigError(f"--gpu-memory {memory} is out of range: give 1MB..1PB per GPU, e.g. --gpu-memory 80GB.")
+        world = replace(world, memory_bytes=nbytes)
     for flag, value, attr in (("--intra-node-gbps", intra_gbps, "intra"), ("--inter-node-gbps", inter_gbps, "inter")):
         if value is not None:
-            if value <= 0:
-                raise ConfigError(f"{flag} must be > 0 GB/s, got {value}.")
+            if not (isinstance(value, (int, float)) and 0 < value <= MAX_LINK_GBPS):  # also nan and inf
+                raise ConfigError(f"{flag} must be a number of GB/s in (0, {MAX_LINK_GBPS:g}], got {value}: e.g. "
+                                  f"{flag} 50.")
             world = replace(world, **{attr: Link(getattr(world, attr).latency_s, value * 1e9)})
     return world
+
+
+UNCALIBRATED_NOTE = ("this machine is not calibrated, so its CPU times are default figures and can be several times "
+                     "off: run `meshdit plan --calibrate` once (about 2 minutes)")
 
 
 def describe(world: World) -> str:

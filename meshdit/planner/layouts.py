@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..config import MAX_CFG_DEGREE, MESH_AXES, GenerateRequest, MeshAxis, ParallelConfig
+from ..config import MAX_CFG_DEGREE, MAX_SIDE, MESH_AXES, GenerateRequest, MeshAxis, ParallelConfig
 from ..errors import ConfigError
 from ..flag_spec import flag_text
 from ..models.info import ModelInfo
@@ -21,6 +21,8 @@ AXIS_FIELDS: dict[str, str] = {
 }
 """ParallelConfig's field of each mesh axis, outermost first (MESH_AXES' order)."""
 
+VAE_TILE_PX = 1024
+"""The tile side (pixels) of the tiled decode the planner offers."""
 VAE_MODES = ("plain", "parallel", "tiled")
 """plain: the image group's first rank decodes whole; parallel: row bands over the image group (exact);
 tiled: the VAE's own tiles on one rank (bounded error)."""
@@ -39,6 +41,8 @@ class Layout:
     """--text-encoder-parallel: the text encoders' layers split over every rank."""
     offload: bool = False
     """--offload blocks: the blocks' weights in host memory, two blocks on the device at a time."""
+    vae_tile: tuple[int, int] = (VAE_TILE_PX, VAE_TILE_PX)
+    """A tiled decode's tile (height, width) in pixels."""
 
     def degree(self, axis: str) -> int:
         return dict(self.degrees).get(axis, 1)
@@ -76,7 +80,7 @@ class Layout:
         if self.vae == "parallel":
             out.append("--use-parallel-vae")
         elif self.vae == "tiled":
-            out.append("--vae-tile-height 1024 --vae-tile-width 1024")
+            out.append(f"--vae-tile-height {self.vae_tile[0]} --vae-tile-width {self.vae_tile[1]}")
         if self.fp8:
             out += ["--fp8-gemm", "--fp8-stale-kv"] if self.degree(MeshAxis.PP) > 1 else ["--fp8-gemm"]
         if self.text_on_cpu:
@@ -86,6 +90,17 @@ class Layout:
         if self.offload:
             out.append("--offload blocks")
         return " ".join(out)
+
+
+def layout_of(engine) -> Layout:
+    """The layout an EngineSettings runs: its degrees, VAE decode (tiles: their size, the image's side where only one
+    is given), FP8 GEMMs, where the text encoders sit, block offload."""
+    config, vae, loading = engine.config, engine.vae, engine.loading
+    degrees = tuple((axis, getattr(config, field)) for axis, field in AXIS_FIELDS.items())
+    tile = (vae.tile_height or MAX_SIDE, vae.tile_width or MAX_SIDE)
+    mode = "parallel" if vae.parallel else "tiled" if vae.tile_height or vae.tile_width else "plain"
+    return Layout(degrees, mode, engine.fp8 is not None and engine.fp8.gemm, loading.text_encoder_device == "cpu",
+                  bool(loading.text_encoder_parallel), loading.offload == "blocks", tile)
 
 
 def _allowed(axis: str, degree: int) -> bool:

@@ -3,12 +3,12 @@ FLOPs per step, activation and K/V bytes, VAE decode work. The formulas are writ
 """
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ..config_files import read_json
-from ..models.info import ModelInfo
+from ..config_files import Field, check_fields, config_path, read_json
+from ..errors import ConfigError
+from ..models.info import MAX_BLOCKS, TRANSFORMER_FIELDS, ModelInfo
 from ..vae.settings import UNSPLIT_VAE_REASONS
 
 JOINT_ATTENTION = ("flux", "kontext", "chroma", "qwenimage", "flux2", "sd3", "hunyuanvideo", "hunyuanvideo15",
@@ -22,6 +22,14 @@ MID_ATTENTION_VAES = ("AutoencoderKL", "AutoencoderKLFlux2", "AutoencoderKLWan",
 CONV3D_VAES = ("AutoencoderKLWan", "AutoencoderKLQwenImage", "AutoencoderKLHunyuanVideo", "AutoencoderKLHunyuanVideo15",
                "AutoencoderKLLTXVideo", "AutoencoderKLCogVideoX")
 """VAE classes whose decoder convolutions are 3x3x3 (causal in time): 27 c^2 multiply-adds per output pixel."""
+
+_DIM = Field(0, 2 ** 20)
+TEXT_ENCODER_FIELDS = {
+    "d_model": _DIM, "d_ff": _DIM, "hidden_size": _DIM, "intermediate_size": _DIM, "num_layers": Field(0, MAX_BLOCKS),
+    "num_hidden_layers": Field(0, MAX_BLOCKS), "vocab_size": Field(0, 2 ** 24), "num_heads": Field(0, 1024),
+    "d_kv": Field(0, 4096), "head_dim": Field(0, 4096), "num_attention_heads": Field(1, 1024),
+    "num_key_value_heads": Field(1, 1024)}
+"""A text encoder config's fields encoder_params reads: type and range, checked as the file is read."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +139,10 @@ class ModelCosts:
 
 def costs_of(model_folder: str, info: ModelInfo) -> ModelCosts:
     cfg = info.transformer_config
+    where = config_path(model_folder, "transformer/config.json")
+    needed = ("attention_head_dim",) + (("ffn_dim", "num_layers") if info.family.name == "wan" else
+                                        ("num_layers",) if info.family.name in ("flux2", "sana") else ())
+    check_fields(cfg, _required(TRANSFORMER_FIELDS, needed), where)
     heads = int(cfg["num_attention_heads"])
     hidden = heads * int(cfg["attention_head_dim"])
     family = info.family.name
@@ -181,6 +193,12 @@ def costs_of(model_folder: str, info: ModelInfo) -> ModelCosts:
                       vae.get("_class_name") in CONV3D_VAES)
 
 
+def _required(fields: dict, names: tuple[str, ...]) -> dict:
+    """Of `fields`, those named, now required: what a formula below indexes (their ranges were checked as the file
+    was read)."""
+    return {name: replace(fields[name], required=True) for name in names}
+
+
 def _vae_levels(vae: dict) -> tuple[tuple[int, ...], int]:
     """(decoder channels per level, full resolution first; resnets per level)."""
     if "base_dim" in vae:  # Wan-style: base_dim x dim_mult
@@ -202,16 +220,26 @@ def _text_encoder_params(folder: str) -> tuple[int, int]:
     """Every text encoder's parameters from its config (the folder's text_encoder*/config.json, else the
     snapshot's planner.json): (all, those in their layers)."""
     configs = []
-    extra = os.path.join(folder, "planner.json")
-    if os.path.isfile(extra):
-        with open(extra, encoding="utf-8") as f:
-            configs = list(json.load(f).get("text_encoders", {}).values())
+    if os.path.isfile(os.path.join(folder, "planner.json")):
+        encoders = read_json(folder, "planner.json").get("text_encoders", {})
+        configs = [(config, config_path(folder, "planner.json")) for config in
+                   (encoders.values() if isinstance(encoders, dict) else [encoders])]
     else:
         index = read_json(folder, "model_index.json")
         for name, value in index.items():
             if name.startswith("text_encoder") and isinstance(value, list) and value[0] is not None \
                     and os.path.isfile(os.path.join(folder, name, "config.json")):
-                configs.append(read_json(folder, f"{name}/config.json"))
+                configs.append((read_json(folder, f"{name}/config.json"), config_path(folder, f"{name}/config.json")))
+    for config, where in configs:
+        inner = config.get("text_config", config) if isinstance(config, dict) else config
+        if not isinstance(inner, dict):
+            raise ConfigError(f"{where}: a text encoder's config is {type(inner).__name__}, not the object "
+                              "transformers writes: restore the file from the model's source, or pass another --model.")
+        needed = ("d_model", "d_ff", "num_layers", "vocab_size") if "d_model" in inner else \
+            ("hidden_size", "intermediate_size", "num_hidden_layers") + (
+                ("num_attention_heads",) if "num_key_value_heads" in inner and not inner.get("head_dim") else ())
+        check_fields(inner, {**TEXT_ENCODER_FIELDS, **_required(TEXT_ENCODER_FIELDS, needed)}, where)
+    configs = [config for config, _ in configs]
     return sum(encoder_params(c) for c in configs), sum(encoder_params(c, layers_only=True) for c in configs)
 
 

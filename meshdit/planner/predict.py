@@ -13,7 +13,6 @@ ACTIVATION_TENSORS_FIXED = 3
 """Hidden-sized tensors alive at a block's peak besides its MLP's: 3 + 3 x mlp_ratio in all (docs/planner.md)."""
 VAE_DECODE_TENSORS = 7.5
 """Full-resolution, base-channel tensors alive at the VAE decoder's peak (docs/figures.md, "VAE decode memory")."""
-VAE_TILE_PX = 1024
 CALLS_PER_BLOCK = 100
 """Operator calls of one transformer block's forward (projections, norms, modulation, attention, MLP)."""
 RING_STEP_CALLS = 8
@@ -62,6 +61,11 @@ class Prediction:
     """Gives serial's image: no PipeFusion staleness, no FP8, no tiled decode."""
     comm_s: float
     """Of step_s: the communication not hidden behind compute."""
+    calibrated: bool = True
+    """The world's figures were measured or are a GPU preset's (hardware.World.calibrated)."""
+    node_bytes: float = 0.0
+    """What must fit: a rank's peak, or where the ranks share host memory (CPU ranks) what the node's ranks hold
+    together (one mapped copy of the weights, each rank's working set)."""
 
 
 def axis_link(layout: Layout, axis: str, world: World) -> Link:
@@ -185,7 +189,7 @@ def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRe
     if layout.vae == "parallel":
         pixels /= layout.image_group
     elif layout.vae == "tiled":
-        pixels = min(pixels, VAE_TILE_PX * VAE_TILE_PX)
+        pixels = min(pixels, layout.vae_tile[0] * layout.vae_tile[1])
     vae = VAE_DECODE_TENSORS * pixels * costs.vae_base_channels * frames * decoded_images * dtype
     if info.is_video:  # and the frames decoded so far, which the decoder keeps until the last chunk
         vae += pixels * VIDEO_CHANNELS * (request.num_frames or 1) * decoded_images * dtype
@@ -244,12 +248,13 @@ def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRe
     exact = not layout.fp8 and layout.vae != "tiled" and (pp == 1 or warmup >= steps)
     if world.shares_host_memory:  # the node's ranks map one copy of the weights; each holds its own working set
         every_block = sum(b.params for b in costs.blocks) * block_bytes  # all stages' blocks, in one mapping
-        per_node = (memory.weights - block_weights + every_block + memory.text
-                    + world.gpus_per_node * (memory.peak - memory.weights - memory.text))
-        fits = per_node <= world.memory_bytes * world.gpus_per_node * USABLE_MEMORY
+        need = (memory.weights - block_weights + every_block + memory.text
+                + world.gpus_per_node * (memory.peak - memory.weights - memory.text))
+        fits = need <= world.memory_bytes * world.gpus_per_node * USABLE_MEMORY
     else:
-        fits = memory.peak <= world.memory_bytes * USABLE_MEMORY
-    return Prediction(layout, memory, step, total, fits, exact, comm_s)
+        need = memory.peak
+        fits = need <= world.memory_bytes * USABLE_MEMORY
+    return Prediction(layout, memory, step, total, fits, exact, comm_s, world.calibrated, need)
 
 
 __all__ = ["Memory", "Prediction", "predict", "axis_link"]
