@@ -94,3 +94,51 @@ class ComfyStandIn:
             if self.flag:
                 self.flag = False
                 raise InterruptProcessingException()
+
+
+# ComfyUI's built-in nodes the example workflows use: their inputs and outputs as ComfyUI defines them
+# (nodes.py: LoadImage, SaveImage, PreviewImage; comfy_extras/nodes_images.py: SaveAnimatedWEBP).
+BUILTINS = {
+    "LoadImage": {"required": {"image": ("STRING",)}, "outputs": ("IMAGE", "MASK")},
+    "SaveImage": {"required": {"images": ("IMAGE",), "filename_prefix": ("STRING",)}, "outputs": ()},
+    "PreviewImage": {"required": {"images": ("IMAGE",)}, "outputs": ()},
+    "SaveAnimatedWEBP": {"required": {"images": ("IMAGE",), "filename_prefix": ("STRING",), "fps": ("FLOAT",),
+                                      "lossless": ("BOOLEAN",), "quality": ("INT",),
+                                      "method": (["default", "fastest", "slowest"],)}, "outputs": ()},
+}
+
+
+def is_link(value) -> bool:
+    """API format: an input fed by another node is [node id, output index]."""
+    return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int)
+
+
+def node_types(pack, class_type: str) -> tuple[dict, tuple]:
+    """(inputs by name -> spec, output types) of a pack node or a built-in."""
+    if class_type in pack.NODE_CLASS_MAPPINGS:
+        node_class = pack.NODE_CLASS_MAPPINGS[class_type]
+        types = node_class.INPUT_TYPES()
+        return {**types["required"], **types.get("optional", {})}, node_class.RETURN_TYPES
+    builtin = BUILTINS[class_type]
+    return builtin["required"], builtin["outputs"]
+
+
+def run_workflow(pack, workflow: dict, builtins: dict) -> dict:
+    """Executes an API-format workflow as ComfyUI's executor does: each node once its linked inputs are
+    computed, pack nodes through their FUNCTION, built-ins through `builtins[class_type](**inputs)`."""
+    outputs: dict[str, tuple] = {}
+
+    def compute(node_id: str) -> tuple:
+        if node_id not in outputs:
+            node = workflow[node_id]
+            inputs = {name: compute(value[0])[value[1]] if is_link(value) else value
+                      for name, value in node["inputs"].items()}
+            if node["class_type"] in pack.NODE_CLASS_MAPPINGS:
+                outputs[node_id] = run_node(pack, node["class_type"], **inputs)[1]
+            else:
+                outputs[node_id] = builtins[node["class_type"]](**inputs) or ()
+        return outputs[node_id]
+
+    for node_id in workflow:
+        compute(node_id)
+    return outputs

@@ -16,7 +16,8 @@ from PIL import Image
 from meshdit.distributed.ports import free_port
 from meshdit.testing.serve_process import KEY, REPO, SMALL, Server
 
-from .comfy_loader import ComfyStandIn, InterruptProcessingException, load_pack, run_node, unload_pack
+from .comfy_loader import (ComfyStandIn, InterruptProcessingException, load_pack, run_node, run_workflow,
+                           unload_pack)
 
 PROMPT = "two red circles on a white background"
 SEED = 3
@@ -199,3 +200,19 @@ def test_each_error_shows_the_servers_message(comfy, served):
     # half a size is refused before any request
     assert "give both" in fails("MeshditSettings", server_url=server.url, api_key="", seed=0, width=64, height=0,
                                 steps=0, guidance=-1.0, cache="none", negative_prompt="")
+
+
+def test_text_to_image_workflow_runs_and_saves_meshdit_generates_image(comfy, served):
+    """comfyui/workflows/text_to_image.json as ComfyUI runs it, only the server URL changed: the size and steps
+    it leaves at 0 are the server's defaults (here 64x64, 4 steps), the seed and prompt meshdit generate's."""
+    import json
+
+    server, generated = served
+    workflow = json.loads((REPO / "comfyui" / "workflows" / "text_to_image.json").read_text())
+    for node in workflow.values():
+        if node["class_type"] == "MeshditSettings":
+            node["inputs"].update(server_url=server.url, api_key=KEY)
+    saved = []
+    run_workflow(comfy.pack, workflow, {"SaveImage": lambda images, filename_prefix: saved.append(images)})
+    assert len(saved) == 1
+    np.testing.assert_array_equal(as_png_levels(saved[0]), generated["plain"])
