@@ -49,7 +49,13 @@ class JobRun:
     def run(self, body: dict, files: dict | None = None) -> dict:
         if comfy_hooks.interrupted():  # interrupted before it started: nothing to cancel
             comfy_hooks.raise_interrupt()
-        status = self.client.json("POST", self.api.create, body, files)
+        try:
+            status = self.client.json("POST", self.api.create, body, files)
+        except MeshditError as exc:
+            if exc.status != 404:
+                raise
+            raise MeshditError(f"meshdit serve at {self.client.url} has no {self.api.create} endpoint (404): update "
+                               "meshdit on the server to one that serves it", 404) from None
         self.id = status["id"]
         bar = comfy_hooks.progress_bar(self.api.progress(status)[1])
         while True:
