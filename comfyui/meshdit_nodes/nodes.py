@@ -164,13 +164,16 @@ class _VideoNode:
     @staticmethod
     def video_inputs() -> dict:
         return {"frames": ("INT", {"default": 0, "min": 0, "max": 1024, "tooltip": "0: the server's"}),
+                "fps": ("INT", {"default": 0, "min": 0, "max": 240, "tooltip": "0: the server's (the model's)"}),
                 "filename_prefix": ("STRING", {"default": "meshdit/video"})}
 
-    def run_video(self, settings, prompt, frames, filename_prefix, loras, image=None):
+    def run_video(self, settings, prompt, frames, fps, filename_prefix, loras, image=None):
         client = client_of(settings)
         body = request_body(settings, prompt, loras)
         if frames:
-            body["num_frames"] = frames
+            body["num_frames"] = frames  # meshdit's field; OpenAI's `seconds` is rounded to the VAE's frame count
+        if fps:
+            body["fps"] = fps
         files = None
         if image is not None:  # OpenAI's Videos API: the first frame as the `input_reference` upload
             files = {"input_reference": ("first_frame.png", image_to_png(image[0]), "image/png")}
@@ -204,8 +207,8 @@ class MeshditTextToVideo(_VideoNode):
         return {"required": {"settings": SETTINGS, "prompt": PROMPT, **cls.video_inputs()},
                 "optional": {"loras": LORAS}}
 
-    def generate(self, settings, prompt, frames, filename_prefix, loras=None):
-        return self.run_video(settings, prompt, frames, filename_prefix, loras)
+    def generate(self, settings, prompt, frames, fps, filename_prefix, loras=None):
+        return self.run_video(settings, prompt, frames, fps, filename_prefix, loras)
 
 
 class MeshditImageToVideo(_VideoNode):
@@ -216,5 +219,5 @@ class MeshditImageToVideo(_VideoNode):
         return {"required": {"settings": SETTINGS, "image": ("IMAGE",), "prompt": PROMPT, **cls.video_inputs()},
                 "optional": {"loras": LORAS}}
 
-    def generate(self, settings, image, prompt, frames, filename_prefix, loras=None):
-        return self.run_video(settings, prompt, frames, filename_prefix, loras, image=image)
+    def generate(self, settings, image, prompt, frames, fps, filename_prefix, loras=None):
+        return self.run_video(settings, prompt, frames, fps, filename_prefix, loras, image=image)

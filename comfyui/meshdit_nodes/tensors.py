@@ -18,8 +18,9 @@ def png_to_image(data: bytes) -> torch.Tensor:
 
 
 def image_to_png(image: torch.Tensor) -> bytes:
-    """One [H, W, C] image (C 3 or 4, 0..1) -> PNG bytes, rounded to 8 bits as ComfyUI's SaveImage does."""
-    pixels = np.clip(255.0 * image.detach().cpu().float().numpy(), 0, 255).astype(np.uint8)  # [H, W, C]
+    """One [H, W, C] image (C 3 or 4, 0..1) -> PNG bytes, rounded to the nearest 8-bit value, so an image that
+    came from a PNG (LoadImage: value / 255) is sent as the same pixels."""
+    pixels = np.round(np.clip(255.0 * image.detach().cpu().float().numpy(), 0, 255)).astype(np.uint8)  # [H, W, C]
     if pixels.shape[-1] == 1:
         pixels = pixels[..., 0]
     buffer = io.BytesIO()
