@@ -164,6 +164,17 @@ def save_videos(videos, pattern: str, fps: int, start_index: int = 0) -> list[st
     return paths
 
 
+def video_file_bytes(video, fps: int, ext: str = ".mp4") -> bytes:
+    """One video [F, H, W, 3] float in [0, 1] as the bytes of the file save_videos writes for it (the same
+    encoder and settings: `meshdit serve` answers with what `meshdit generate --output clip.mp4` writes).
+    ffmpeg writes to a path, so the file passes through a temporary folder, removed at once."""
+    with tempfile.TemporaryDirectory(prefix="meshdit-video-") as folder:
+        path = os.path.join(folder, "video" + ext)
+        save_videos([video], path, fps)
+        with open(path, "rb") as f:
+            return f.read()
+
+
 def _write_mp4(path: str, frames, fps: int) -> None:
     import imageio.v2 as imageio
 

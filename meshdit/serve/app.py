@@ -51,9 +51,10 @@ TEXT_FIELDS = {"prompt", "negative_prompt", "size", "model", "user", "response_f
 """Form fields taken as text; the others are JSON (numbers, and `cache` / `loras` as JSON text)."""
 
 
-async def form_fields(headers, raw: bytes) -> dict:
+async def form_fields(headers, raw: bytes, file_field: str = "image", text_fields=TEXT_FIELDS) -> dict:
     """A multipart/form-data body -> the JSON body it stands for: the uploaded `image` (OpenAI's client names a
-    list of them `image[]`) base64-encoded, numbers and JSON fields parsed; the image model checks the rest."""
+    list of them `image[]`) base64-encoded, numbers and JSON fields parsed; the image model checks the rest.
+    file_field, text_fields: another endpoint's (POST /v1/videos: `input_reference`, serve/videos.py)."""
     import base64
 
     from starlette.formparsers import MultiPartException, MultiPartParser
@@ -72,16 +73,16 @@ async def form_fields(headers, raw: bytes) -> dict:
         raise BadForm("body", f"the multipart/form-data body cannot be read: {exc.message}") from None
     data = {}
     for name, value in form.multi_items():
-        name = "image" if name == "image[]" else name
+        name = file_field if name == f"{file_field}[]" else name
         if name in data:
-            raise BadForm(name, f"{name}: sent twice; this server takes one" + (" image" if name == "image" else ""))
+            raise BadForm(name, f"{name}: sent twice; this server takes one" + (" image" if name == file_field else ""))
         if name == "mask":
             raise BadForm("mask", "mask: not supported; the model edits the whole image from the prompt")
         if not isinstance(value, str):  # an uploaded file
-            if name != "image":
-                raise BadForm(name, f"{name}: a file where text was expected; only `image` is a file")
+            if name != file_field:
+                raise BadForm(name, f"{name}: a file where text was expected; only `{file_field}` is a file")
             data[name] = base64.b64encode(await value.read()).decode("ascii")
-        elif name in TEXT_FIELDS or name == "image":
+        elif name in text_fields or name == file_field:
             data[name] = value
         else:
             try:
@@ -89,6 +90,55 @@ async def form_fields(headers, raw: bytes) -> dict:
             except ValueError:
                 data[name] = value  # the model's validation names the field
     return data
+
+
+async def request_fields(request: Request, state: ServerState, file_field: str = "image",
+                         text_fields=TEXT_FIELDS) -> dict | JSONResponse:
+    """A request's body (JSON, or multipart/form-data: form_fields) as a dict, or the error answering it: 415 for
+    another content type, 413 past --max-body-bytes, 400 for a body that cannot be read."""
+    content_type = request.headers.get("content-type", "")
+    multipart = content_type.startswith("multipart/form-data")
+    if "application/json" not in content_type and not multipart:
+        return error(415, "Content-Type must be application/json or multipart/form-data", "content-type")
+    raw = await read_body(request, state.settings.max_body_bytes)
+    if raw is None:
+        state.metrics.requests.labels("rejected_too_large").inc()
+        return error(413, f"the body is larger than this server's limit of {state.settings.max_body_bytes} "
+                          "bytes (--max-body-bytes); an image request needs a few KB, one with an input image "
+                          "about the image file's size", "body",
+                     headers={"Connection": "close"})  # uvicorn then closes without reading the rest
+    try:
+        return await form_fields(request.headers, raw, file_field, text_fields) if multipart else json.loads(raw)
+    except RecursionError:  # json's parser recurses per level: a deep body would otherwise answer 500
+        state.metrics.requests.labels("rejected_invalid").inc()
+        return error(400, "the body's JSON is nested too deeply (an image request is one flat object)", "body")
+    except BadForm as exc:
+        state.metrics.requests.labels("rejected_invalid").inc()
+        return error(400, str(exc), exc.param)
+    except (ValueError, UnicodeDecodeError) as exc:
+        state.metrics.requests.labels("rejected_invalid").inc()
+        return error(400, f"the body is not valid JSON: {exc}", "body")
+
+
+def admit(state: ServerState, job: Job) -> JSONResponse | None:
+    """Queues the job, or answers 429 with Retry-After: the queue is full (--max-queue), or the predicted wait
+    exceeds --max-queue-seconds (serve/admission.py)."""
+    state.admission.price(job)
+    refused = state.admission.refusal(state.queue, job)
+    if refused is not None:
+        wait, retry = refused
+        state.metrics.requests.labels("rejected_queue_seconds").inc()
+        return error(429, f"the predicted wait is {wait:.1f} s (the work queued ahead and this job's own), more than "
+                          f"this server's --max-queue-seconds {state.settings.max_queue_seconds:g}; retry in {retry} s "
+                          "or elsewhere", headers={"Retry-After": str(retry)})
+    try:
+        state.queue.submit(job)
+    except QueueFull:
+        state.metrics.requests.labels("rejected_queue_full").inc()
+        return error(429, f"the queue is full ({state.settings.max_queue} jobs waiting); retry later",
+                     headers={"Retry-After": str(state.retry_after())})
+    state.metrics.queue_length.set(len(state.queue))
+    return None
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -126,7 +176,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        state.metrics.queue_length.set(len(state.queue))
+        state.admission.publish(state.queue)  # queue length, in flight, predicted wait
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
@@ -140,32 +190,16 @@ def create_app(state: ServerState) -> FastAPI:
         """edit: /v1/images/edits, which needs a model that takes an image, and the image."""
         if state.draining:
             return error(503, "the server is shutting down and takes no new jobs")
+        if getattr(state.info, "is_video", False):  # (no info: a test's state that never loads a model)
+            return error(400, f"this server's {state.info.pipeline_class} makes videos: use POST /v1/videos",
+                         "model")
         if edit and not state.info.takes_image:
             return error(400, f"this server's {state.info.pipeline_class} makes images from text alone and takes no "
                               "image: /v1/images/edits needs an image-edit model (e.g. FLUX.1 Kontext); use "
                               "/v1/images/generations", "image")
-        content_type = request.headers.get("content-type", "")
-        multipart = content_type.startswith("multipart/form-data")
-        if "application/json" not in content_type and not multipart:
-            return error(415, "Content-Type must be application/json or multipart/form-data", "content-type")
-        raw = await read_body(request, state.settings.max_body_bytes)
-        if raw is None:
-            state.metrics.requests.labels("rejected_too_large").inc()
-            return error(413, f"the body is larger than this server's limit of {state.settings.max_body_bytes} "
-                              "bytes (--max-body-bytes); an image request needs a few KB, one with an input image "
-                              "about the image file's size", "body",
-                         headers={"Connection": "close"})  # uvicorn then closes without reading the rest
-        try:
-            data = await form_fields(request.headers, raw) if multipart else json.loads(raw)
-        except RecursionError:  # json's parser recurses per level: a deep body would otherwise answer 500
-            state.metrics.requests.labels("rejected_invalid").inc()
-            return error(400, "the body's JSON is nested too deeply (an image request is one flat object)", "body")
-        except BadForm as exc:
-            state.metrics.requests.labels("rejected_invalid").inc()
-            return error(400, str(exc), exc.param)
-        except (ValueError, UnicodeDecodeError) as exc:
-            state.metrics.requests.labels("rejected_invalid").inc()
-            return error(400, f"the body is not valid JSON: {exc}", "body")
+        data = await request_fields(request, state)
+        if isinstance(data, JSONResponse):
+            return data
         if edit and isinstance(data, dict) and data.get("image") is None:
             state.metrics.requests.labels("rejected_invalid").inc()
             return error(400, "image: /v1/images/edits needs the image to edit (a file upload, or base64 in JSON)",
@@ -182,14 +216,7 @@ def create_app(state: ServerState) -> FastAPI:
             state.metrics.requests.labels("rejected_invalid").inc()
             return error(exc.status, exc.message, exc.param)
         job.pinned = pinned
-        try:
-            state.queue.submit(job)
-        except QueueFull:
-            state.metrics.requests.labels("rejected_queue_full").inc()
-            return error(429, f"the queue is full ({state.settings.max_queue} jobs waiting); retry later",
-                         headers={"Retry-After": str(state.retry_after())})
-        state.metrics.queue_length.set(len(state.queue))
-        return job
+        return admit(state, job) or job
 
     @app.post("/v1/images/generations")
     async def generations(request: Request):
@@ -277,4 +304,7 @@ def create_app(state: ServerState) -> FastAPI:
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
+    from .videos import add_video_routes
+
+    add_video_routes(app, state)  # /v1/videos: OpenAI's video jobs (serve/videos.py)
     return app

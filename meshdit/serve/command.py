@@ -20,8 +20,6 @@ GENERATE_ONLY = {
     "seed": "per request: the request's `seed`",
     "num_images_per_prompt": "per request: the request's `n`",
     "output": "generate writes files; serve answers with PNGs",
-    "num_frames": "video models only, and serve answers image requests",
-    "fps": "video models only, and serve answers image requests",
     "image": "per request: the request's `image` (base64 in JSON, or a multipart/form-data upload)",
     "lora": "per request: the request's `loras`, among the adapters of --lora-dir",
     "lora_2": "Wan 2.2's second-expert adapters: --lora-dir loads into the first expert only",
@@ -32,8 +30,8 @@ LOOPBACK_NAMES = ("localhost",)
 def add_serve_parser(commands) -> argparse.ArgumentParser:
     from ..flags import add_engine_flags, add_request_flags
 
-    serve = commands.add_parser("serve", help="serve an OpenAI-compatible image API over the mesh",
-                                description="Serve images over HTTP; the engine flags and request defaults are "
+    serve = commands.add_parser("serve", help="serve an OpenAI-compatible image and video API over the mesh",
+                                description="Serve images or videos over HTTP; the engine flags and request defaults are "
                                             "`meshdit generate`'s (docs/serving.md).")
     add_engine_flags(serve)
     add_request_flags(serve, skip=tuple(GENERATE_ONLY),
@@ -85,11 +83,8 @@ def serve_settings(args, check_port: bool = False):
 
         engine.loras = tuple(adapters_in_dir(args.lora_dir).items())  # checked with the model just below
     # The smallest batch a request may make: one image per data-parallel group.
-    info, request = check_before_launch(engine, request, num_images=max(engine.config.data_parallel_degree, 1),
-                                        image_per_request=True)
-    if info.is_video:
-        raise ConfigError(f"meshdit serve answers image requests; this {info.pipeline_class} makes videos: "
-                          "use `meshdit generate --output clip.mp4` for it.")
+    _, request = check_before_launch(engine, request, num_images=max(engine.config.data_parallel_degree, 1),
+                                  image_per_request=True)
     if check_port:
         _check_port(args.host, args.port)
     from .server_state import ServeSettings  # numpy and the server's modules: only once every check passed

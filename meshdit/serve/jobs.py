@@ -30,10 +30,12 @@ class Job:
     cached_steps: int | None = None  # with a step cache: steps whose middle blocks were skipped, once done
     error: str | None = None
     http_status: int = 200  # for a failed job: what the synchronous endpoint answers
-    pngs: list = field(default_factory=list)
+    pngs: list = field(default_factory=list)  # the encoded results: PNGs, or one MP4 for a video job
     cancel_requested: bool = False
     pinned: bool = False  # a synchronous request waits for the result: it does not expire meanwhile
     fetched: set = field(default_factory=set)  # indexes of the PNGs served (a drain waits for the rest)
+    discard: bool = False  # deleted by its client (DELETE /v1/videos/{id}): a result it still makes is not kept
+    predicted_s: float | None = None  # the planner's service seconds, uncorrected (serve/admission.py)
     started: float | None = None
     finished: float | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -83,6 +85,22 @@ class JobQueue:
                 self.end(job, "cancelled")
             elif job.state == "running":
                 job.cancel_requested = True
+
+    def snapshot(self) -> tuple[list[Job], list[Job]]:
+        """(waiting jobs, running jobs) as of now."""
+        with self._lock:
+            return list(self._waiting), [j for j in self.jobs.values() if j.state == "running"]
+
+    def forget(self, job: Job) -> None:
+        """The job's id answers 404 from now on (a deleted video); a queued one is cancelled first."""
+        with self._lock:
+            if job.state == "queued":
+                self._waiting.remove(job)
+                self.end(job, "cancelled")
+            elif job.state == "running":
+                job.cancel_requested = True
+            job.discard = True
+            self.jobs.pop(job.id, None)
 
     def next_batch(self, timeout: float) -> list[Job]:
         """The oldest waiting job plus later ones with the same batch key (when batching), marked running."""

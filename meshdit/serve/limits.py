@@ -7,6 +7,7 @@ from ..errors import ConfigError
 MAX_BODY_BYTES = 16 << 20  # a text request is a few KB, one with an input image a few MB; larger: refused unread
 RESULT_STORE_MB = 1024  # finished jobs' PNGs held on the output rank; the oldest expire first beyond it
 RESULT_TTL_S = 3600.0  # a finished job's PNGs expire this long after it ended
+MAX_FRAMES = 257  # frames per video request (LTX-Video's default is 161, HunyuanVideo's 129)
 DRAIN_GRACE_S = 5.0  # after a SIGTERM drain, how long a job that finished during it stays fetchable
 
 
@@ -19,6 +20,13 @@ def add_limit_flags(serve) -> None:
                             f"(default: {RESULT_STORE_MB})")
     serve.add_argument("--result-ttl", type=float, default=RESULT_TTL_S, metavar="SECONDS",
                        help=f"how long a finished job's PNGs stay fetchable (default: {RESULT_TTL_S:g})")
+    serve.add_argument("--max-queue-seconds", type=float, default=None, metavar="SECONDS",
+                       help="refuse a job with 429 and Retry-After when its predicted wait (the planner's service "
+                            "time of the work ahead plus its own, corrected by measured times) exceeds this "
+                            "(default: no limit; --max-queue still caps the count)")
+    serve.add_argument("--max-frames", type=int, default=MAX_FRAMES, metavar="N",
+                       help=f"video models: most frames one request may ask for (`seconds` x fps, or `num_frames`); "
+                            f"more get 400 (default: {MAX_FRAMES})")
     serve.add_argument("--drain-grace", type=float, default=DRAIN_GRACE_S, metavar="SECONDS",
                        help="on SIGTERM / Ctrl-C, how long the images of jobs that finished during the drain stay "
                             f"fetchable before exit, unless fetched sooner (default: {DRAIN_GRACE_S:g})")
@@ -31,6 +39,10 @@ def check_limit_flags(args) -> None:
         raise ConfigError(f"--result-store-mb must be >= 1 (MiB), got {args.result_store_mb}")
     if args.result_ttl <= 0:
         raise ConfigError(f"--result-ttl must be > 0 seconds, got {args.result_ttl:g}")
+    if args.max_queue_seconds is not None and not args.max_queue_seconds > 0:
+        raise ConfigError(f"--max-queue-seconds must be > 0 seconds, got {args.max_queue_seconds:g}")
+    if args.max_frames < 1:
+        raise ConfigError(f"--max-frames must be >= 1, got {args.max_frames}")
     if args.drain_grace < 0:
         raise ConfigError(f"--drain-grace must be >= 0 seconds, got {args.drain_grace:g}")
 
@@ -38,4 +50,5 @@ def check_limit_flags(args) -> None:
 def limit_settings(args) -> dict:
     """ServeSettings' fields from the flags."""
     return dict(max_body_bytes=args.max_body_bytes, result_store_bytes=args.result_store_mb << 20,
-                result_ttl=args.result_ttl, drain_grace=args.drain_grace)
+                result_ttl=args.result_ttl, drain_grace=args.drain_grace, max_frames=args.max_frames,
+                max_queue_seconds=args.max_queue_seconds)

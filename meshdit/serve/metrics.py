@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 disable_created_metrics()  # no *_created samples: they only add noise to a scrape
 
 OUTCOMES = ("done", "failed", "cancelled", "rejected_queue_full", "rejected_invalid", "rejected_too_large",
-            "unauthorized")
+            "unauthorized", "rejected_queue_seconds")
 
 
 class Metrics:
@@ -35,6 +35,24 @@ class Metrics:
                                       "cache that ran every block", registry=self.registry)
         self.batch_images = Histogram("meshdit_batch_images", "Images per batch run on the mesh",
                                       buckets=(1, 2, 4, 8, 16, 32), registry=self.registry)
+
+        # admission by predicted time (serve/admission.py), and the gauges a router scores replicas on
+        latency = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+        self.predicted_seconds = Histogram("meshdit_request_predicted_seconds", "Service seconds predicted for "
+                                           "finished jobs (the planner's cost model x the measured correction)",
+                                           buckets=latency, registry=self.registry)
+        self.service_seconds = Histogram("meshdit_request_service_seconds", "Service seconds measured for finished "
+                                         "jobs (start of their batch to the end)", buckets=latency,
+                                         registry=self.registry)
+        self.prediction_correction = Gauge("meshdit_prediction_correction", "Measured / predicted service time, "
+                                           "running mean over finished batches", registry=self.registry)
+        self.prediction_correction.set(1.0)
+        self.predicted_wait = Gauge("meshdit_queue_predicted_seconds", "Predicted seconds of work ahead of a job "
+                                    "submitted now (waiting jobs and the running batch's rest)",
+                                    registry=self.registry)
+        self.in_flight = Gauge("meshdit_in_flight_requests", "Jobs running on the mesh now", registry=self.registry)
+        self.last_step_seconds = Gauge("meshdit_last_step_seconds", "Seconds of the latest denoising step (whole "
+                                       "batch)", registry=self.registry)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -23,7 +23,7 @@ class ResultStore:
     def add(self, job: Job) -> None:
         """A job is done and holds its PNGs; older results expire if the store is now over its bounds."""
         with self._lock:
-            if not job.pngs:  # released already
+            if not job.pngs or job.discard:  # released already, or deleted by its client
                 return
             self._jobs[job.id] = job
             self.bytes += sum(len(png) for png in job.pngs)

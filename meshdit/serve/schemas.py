@@ -59,3 +59,38 @@ class ImageRequest(BaseModel):
             return default
         width, height = (int(v) for v in self.size.split("x"))
         return height, width
+
+
+class ImageReference(BaseModel):
+    """OpenAI's reference object for `input_reference`: an image as a data: URL (a file id or a remote URL is
+    refused: this server fetches nothing)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image_url: StrictStr | None = None
+    file_id: StrictStr | None = None
+
+
+class VideoRequest(BaseModel):
+    """POST /v1/videos (JSON, or multipart/form-data as OpenAI's client sends it): OpenAI's video fields plus
+    meshdit's extensions, those of ImageRequest where they mean the same."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: StrictStr = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    model: StrictStr | None = None  # accepted for the openai client; the server has one model
+    seconds: StrictStr | StrictInt | StrictFloat | None = None  # OpenAI sends "4": the clip's length, > 0
+    size: StrictStr | None = Field(default=None, pattern=r"^\d{1,5}x\d{1,5}$", description="WxH, e.g. 832x480")
+    # the first frame of an image-to-video model: base64, a data: URL, or OpenAI's {"image_url": "data:..."};
+    # a multipart upload arrives here base64-encoded
+    input_reference: StrictStr | ImageReference | None = None
+    user: StrictStr | None = None  # OpenAI's end-user id: accepted, unused
+    # meshdit's extensions
+    num_frames: StrictInt | None = Field(default=None, ge=1)  # instead of seconds
+    fps: StrictInt | None = Field(default=None, ge=1, le=240)
+    steps: StrictInt | None = Field(default=None, ge=1, le=1000)
+    seed: StrictInt = Field(default=0, ge=0, le=2**63 - 1)
+    guidance_scale: StrictFloat | StrictInt | None = Field(default=None, ge=0, le=100)
+    negative_prompt: StrictStr | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
+    cache: CacheBody | None = None
+    loras: list[LoraChoice] = Field(default_factory=list, max_length=16)

@@ -16,8 +16,9 @@ from ..config import GenerateRequest, ParallelConfig
 from ..engine_settings import EngineSettings
 from ..errors import ConfigError
 from ..input_image import open_image
+from .admission import Admission
 from .jobs import Job, JobQueue
-from .limits import DRAIN_GRACE_S, MAX_BODY_BYTES, RESULT_STORE_MB, RESULT_TTL_S
+from .limits import DRAIN_GRACE_S, MAX_BODY_BYTES, MAX_FRAMES, RESULT_STORE_MB, RESULT_TTL_S
 from .metrics import Metrics
 from .results import ResultStore
 from .schemas import ImageRequest
@@ -41,8 +42,10 @@ class ServeSettings:
     max_batch_images: int = 8
     max_images: int = 4  # n per request
     max_pixels: int = 1024 * 1024
+    max_frames: int = MAX_FRAMES  # frames per video request
     request_timeout: float = 600.0  # seconds a job may run
     queue_timeout: float = 600.0  # seconds a job may wait
+    max_queue_seconds: float | None = None  # predicted wait beyond which a job gets 429 (None: no such limit)
     max_body_bytes: int = MAX_BODY_BYTES  # larger request bodies get 413, unread
     result_store_bytes: int = RESULT_STORE_MB << 20  # finished jobs' PNGs held; the oldest expire beyond it
     result_ttl: float = RESULT_TTL_S  # seconds a finished job's PNGs are held
@@ -70,6 +73,7 @@ class ServerState:
         self.queue = JobQueue(settings.max_queue, settings.batching, settings.max_batch_images)
         self.metrics = Metrics()
         self.results = ResultStore(settings.result_store_bytes, settings.result_ttl, self.metrics)
+        self.admission = Admission(settings, self.metrics)
         self.ready = False
         self.draining = False
         self.drain_started: float | None = None
@@ -96,6 +100,7 @@ class ServerState:
         # (seen: padded encodings came out unpadded beside counting threads; docs/figures.md).
         self.tokenizers = [copy.deepcopy(getattr(pipe, n)) for n in ("tokenizer", "tokenizer_2", "tokenizer_3")
                            if getattr(pipe, n, None) is not None]
+        self.admission.start()
         self.ready = True
 
     @property
@@ -117,7 +122,8 @@ class ServerState:
     def defaults(self) -> dict:
         """What a request leaves unset becomes (the web page prefills these)."""
         r = self.settings.request
-        return {"size": f"{r.width}x{r.height}", "steps": r.num_inference_steps}
+        video = {"num_frames": r.num_frames, "fps": r.fps} if r.num_frames is not None else {}  # a video model's
+        return {"size": f"{r.width}x{r.height}", "steps": r.num_inference_steps, **video}
 
     def retry_after(self) -> int:
         return max(1, int(self._latency))
@@ -224,6 +230,7 @@ class ServerState:
             now = time.perf_counter()
             if step > 0:
                 self.metrics.step_seconds.observe(now - last[0])
+                self.metrics.last_step_seconds.set(now - last[0])
             last[0] = now
             live = []
             for job in batch:
@@ -244,7 +251,7 @@ class ServerState:
     def finish(self, batch: list[Job], results) -> None:
         for job, result in zip(batch, results):
             if job.state == "running":
-                job.pngs = [png_bytes(image) for image in result.images]
+                job.pngs = [encode(job.request, image) for image in result.images]
                 job.step = job.steps
                 if result.cache is not None:
                     job.cached_steps = result.cache.cached_steps()
@@ -252,6 +259,7 @@ class ServerState:
                     self.metrics.computed_steps.inc(job.steps - job.cached_steps)
                 self._end(job, "done")
                 self.results.add(job)
+        self.admission.observe(batch)
 
     def stopped(self, batch: list[Job], step: int) -> None:
         for job in batch:
@@ -312,6 +320,16 @@ def png_bytes(image: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray((np.clip(image, 0, 1) * 255).round().astype(np.uint8)).save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def encode(request: GenerateRequest, image) -> bytes:
+    """A result as the file `meshdit generate` writes for it: an image [H, W, 3] as PNG, a video [F, H, W, 3] as
+    the MP4 of output.save_videos at the request's fps."""
+    if image.ndim == 4:
+        from ..output import video_file_bytes
+
+        return video_file_bytes(image, request.fps)
+    return png_bytes(image)
 
 
 def b64(png: bytes) -> str:

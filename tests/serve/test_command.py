@@ -70,8 +70,8 @@ def test_per_request_flags_name_fields_of_the_request_body():
 
 
 def test_a_model_that_needs_an_image_is_not_refused_for_the_defaults_having_none(tmp_path, capsys):
-    """serve's request defaults carry no image (each request brings its own): an image-to-video model gets serve's
-    own refusal (it makes videos), not generate's "pass --image"."""
+    """serve's request defaults carry no image (each request brings its own input_reference): an image-to-video
+    model is served, where generate asks for --image."""
     import json
 
     for part, config in (("", {"_class_name": "WanImageToVideoPipeline"}),
@@ -83,9 +83,28 @@ def test_a_model_that_needs_an_image_is_not_refused_for_the_defaults_having_none
         (tmp_path / part / ("config.json" if part else "model_index.json")).write_text(json.dumps(config))
     assert main(["generate", "--model", str(tmp_path), "--output", str(tmp_path / "x.mp4")]) == 2
     assert "animates an image: pass its first frame with --image PATH" in capsys.readouterr().err
-    assert main(["serve", "--model", str(tmp_path)]) == 2
-    assert "meshdit serve answers image requests; this WanImageToVideoPipeline makes videos" in \
-        capsys.readouterr().err
+    settings = serve_settings(build_parser().parse_args(["serve", "--model", str(tmp_path)]))
+    assert settings.request.image is None and settings.request.num_frames == 81  # Wan's default
+
+
+FIXED_SIZE = {"cogvideox-i2v": (48, 80)}  # CogVideoX-5B I2V's learned positional embeddings: their size only
+
+
+def test_every_video_family_is_served(tmp_path):
+    """Each video family's tiny pipelines (text to video, and image to video where it has one) pass serve's checks
+    with a frame count and fps of the family's; an image model refuses --num-frames as generate does."""
+    from meshdit.testing.tiny_models import tiny_families, tiny_pipeline
+
+    for family, module in tiny_families(video=True):
+        for name in (module.TESTS.main, *(build for build, _ in module.TESTS.image_to_video)):
+            folder = tmp_path / name
+            tiny_pipeline(name).save_pretrained(folder)
+            height, width = FIXED_SIZE.get(name, (64, 64))
+            settings = serve_settings(build_parser().parse_args([
+                "serve", "--model", str(folder), "--height", str(height), "--width", str(width), "--num-frames", "9"]))
+            assert (settings.request.num_frames, settings.request.fps) == (9, family.default_fps), name
+    with pytest.raises(Exception, match="--num-frames is for video models"):
+        serve_settings(build_parser().parse_args(["serve", "--num-frames", "9"]))
 
 
 def test_every_serve_flag_has_a_help_text_with_its_default():
