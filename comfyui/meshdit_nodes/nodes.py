@@ -67,9 +67,12 @@ class MeshditLora:
     @classmethod
     def INPUT_TYPES(cls):
         names = lora_names()
-        name = (names, {}) if names is not None else (
-            "STRING", {"default": "", "tooltip": "no server answered at $MESHDIT_URL to list its adapters: type "
-                                                 "the name (the server checks it)"})
+        if names:
+            name = (names, {})
+        else:  # a free name, which the server checks when the graph runs
+            why = "no server answered at $MESHDIT_URL to list its adapters" if names is None else \
+                "the server at $MESHDIT_URL has no adapters (meshdit serve --lora-dir)"
+            name = ("STRING", {"default": "", "tooltip": f"{why}: type the adapter's name"})
         return {"required": {"lora_name": name,
                              "strength": ("FLOAT", {"default": 1.0, "min": -100.0, "max": 100.0, "step": 0.05})},
                 "optional": {"loras": LORAS}}

@@ -1,8 +1,9 @@
 """Loading the node pack as ComfyUI does, and ComfyUI's progress and interrupt modules as small stand-ins.
 
-ComfyUI's loader (nodes.py `load_custom_node`) imports a custom_nodes/ folder by path:
-`spec_from_file_location(folder name, folder/__init__.py)`, registers it in sys.modules under the folder's
-name, executes it and reads NODE_CLASS_MAPPINGS / NODE_DISPLAY_NAME_MAPPINGS. Its executor then calls
+ComfyUI's loader (nodes.py `load_custom_node`, 0.8.0) imports a custom_nodes/ folder by path:
+`spec_from_file_location(name, folder/__init__.py)` with the folder's path as the module name (dots made
+"_x_"; older releases used the folder's name), registers it in sys.modules under that name, executes it and
+reads NODE_CLASS_MAPPINGS / NODE_DISPLAY_NAME_MAPPINGS. Its executor then calls
 `getattr(node_class(), node_class.FUNCTION)(**inputs)`. The stand-ins keep the names and semantics of
 comfy.utils.ProgressBar (update_absolute(value, total)) and comfy.model_management's interrupt flag
 (processing_interrupted; throw_exception_if_processing_interrupted clears it and raises
@@ -19,7 +20,7 @@ PACK = Path(__file__).resolve().parents[2] / "comfyui" / "meshdit_nodes"
 
 
 def load_pack(path: Path = PACK) -> types.ModuleType:
-    name = path.name
+    name = str(path).replace(".", "_x_")
     spec = importlib.util.spec_from_file_location(name, path / "__init__.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

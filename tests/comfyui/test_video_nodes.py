@@ -106,6 +106,13 @@ def test_interrupt_cancels_the_video_job(comfy, wan):
         __import__("time").sleep(0.1)
 
 
+def test_lora_name_is_free_text_when_the_server_has_no_adapters(comfy, wan, monkeypatch):
+    monkeypatch.setenv("MESHDIT_URL", wan[0].url)
+    monkeypatch.setenv("MESHDIT_API_KEY", KEY)
+    kind, options = comfy.pack.NODE_CLASS_MAPPINGS["MeshditLora"].INPUT_TYPES()["required"]["lora_name"]
+    assert kind == "STRING" and "has no adapters (meshdit serve --lora-dir)" in options["tooltip"]
+
+
 def test_image_to_a_text_to_video_model_shows_the_servers_message(comfy, wan):
     import torch
 
