@@ -90,11 +90,11 @@ def client_of(settings: dict) -> Client:
     return Client(settings["server_url"], settings["api_key"] or os.environ.get("MESHDIT_API_KEY", ""))
 
 
-def request_body(settings: dict, prompt: str, loras, size_field: str = "size") -> dict:
+def request_body(settings: dict, prompt: str, loras) -> dict:
     """The request's JSON fields (serve's names); unset values are left out so the server's defaults apply."""
     body = {"prompt": prompt, "seed": settings["seed"]}
     if settings["width"] and settings["height"]:
-        body[size_field] = f"{settings['width']}x{settings['height']}"
+        body["size"] = f"{settings['width']}x{settings['height']}"
     if settings["steps"]:
         body["steps"] = settings["steps"]
     if settings["guidance"] >= 0:

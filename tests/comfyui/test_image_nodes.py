@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from meshdit.distributed.ports import free_port
@@ -161,7 +161,7 @@ def test_each_error_shows_the_servers_message(comfy, served):
     error = pack.nodes.MeshditError
     red = np.zeros((1, 32, 32, 3), dtype=np.float32)
     red[..., 0] = 1.0
-    image = __import__("torch").from_numpy(red)
+    image = torch.from_numpy(red)
 
     def fails(node, **inputs) -> str:
         with pytest.raises(error) as caught:
