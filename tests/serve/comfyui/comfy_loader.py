@@ -16,7 +16,7 @@ import threading
 import types
 from pathlib import Path
 
-PACK = Path(__file__).resolve().parents[2] / "comfyui" / "meshdit_nodes"
+PACK = Path(__file__).resolve().parents[3] / "comfyui" / "meshdit_nodes"
 
 
 def load_pack(path: Path = PACK) -> types.ModuleType:

@@ -13,7 +13,7 @@ from meshdit.distributed.ports import free_port
 
 from .comfy_loader import BUILTINS, is_link, load_pack, node_types, unload_pack
 
-WORKFLOWS = sorted((Path(__file__).resolve().parents[2] / "comfyui" / "workflows").glob("*.json"))
+WORKFLOWS = sorted((Path(__file__).resolve().parents[3] / "comfyui" / "workflows").glob("*.json"))
 
 
 @pytest.fixture(scope="module")
