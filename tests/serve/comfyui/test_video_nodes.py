@@ -19,7 +19,6 @@ from meshdit.testing.tiny_models import sample_image, tiny_pipeline
 
 from .comfy_loader import ComfyStandIn, InterruptProcessingException, load_pack, run_node, unload_pack
 
-pytest.importorskip("meshdit.serve.videos", reason="this meshdit serve has no /v1/videos (branch video-api)")
 PROMPT = "a red cat walks"
 SEED = 3
 T2V = ["--height", "64", "--width", "64", "--steps", "2", "--num-frames", "9"]  # tiny Wan: 16 fps
