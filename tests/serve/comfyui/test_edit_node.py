@@ -1,0 +1,57 @@
+"""The pack's Image Edit node against a live `meshdit serve` of a tiny FLUX.1 Kontext pipeline: the image
+LoadImage would give for a file, edited, equals `meshdit generate --image` with that file, prompt and seed."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from meshdit.testing.serve_process import KEY, REPO, Server
+from meshdit.testing.tiny_models import sample_image, tiny_pipeline
+
+from .comfy_loader import ComfyStandIn, load_pack, run_node, unload_pack
+
+PROMPT = "a blue cat"  # at most --max-sequence-length 8 T5 tokens
+FLAGS = ["--height", "32", "--width", "48", "--steps", "2", "--max-sequence-length", "8", "--guidance-scale", "3.0",
+         "--extra", f"_auto_resize={json.dumps(False)}"]  # the tiny model keeps the reference at its own size
+
+
+@pytest.fixture(scope="module")
+def kontext(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("comfyui-kontext")
+    tiny_pipeline("kontext").save_pretrained(folder / "model")
+    sample_image(40, 56).save(folder / "input.png")
+    model = ["--model", str(folder / "model"), *FLAGS]
+    server = Server(folder, *model)
+    try:
+        subprocess.run([sys.executable, "-m", "meshdit", "generate", *model, "--seed", "3", "--prompt", PROMPT,
+                        "--image", str(folder / "input.png"), "--output", str(folder / "generated.png")], cwd=REPO,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)), check=True, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=600)
+        yield server.wait_ready(), folder
+    finally:
+        server.stop()
+
+
+def test_image_edit_equals_meshdit_generate_with_the_image(monkeypatch, kontext):
+    server, folder = kontext
+    stand_in = ComfyStandIn()
+    for name, module in stand_in.modules().items():
+        monkeypatch.setitem(sys.modules, name, module)
+    pack = load_pack()
+    try:
+        _, (settings,) = run_node(pack, "MeshditSettings", server_url=server.url, api_key=KEY, seed=3, width=0,
+                                  height=0, steps=0, guidance=-1.0, cache="none", negative_prompt="")
+        image = pack.tensors.png_to_image((folder / "input.png").read_bytes())  # LoadImage: [1, 40, 56, 3]
+        _, (edited,) = run_node(pack, "MeshditImageEdit", settings=settings, image=image, prompt=PROMPT)
+        assert edited.shape == (1, 32, 48, 3)
+        generated = np.asarray(Image.open(folder / "generated.png").convert("RGB"))
+        np.testing.assert_array_equal(np.round(edited[0].numpy() * 255).astype(np.uint8), generated)
+        assert stand_in.bars[-1][-1] == (2, 2)
+    finally:
+        unload_pack(pack)
