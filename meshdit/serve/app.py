@@ -53,6 +53,13 @@ async def read_body(request: Request, limit: int, timeout: float = float("inf"))
         chunks.append(chunk)
 
 
+async def client_leaves(request: Request) -> None:
+    """Returns once the client has closed the connection (its body was read already: what arrives now is the
+    disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 class BadForm(ValueError):
     def __init__(self, param: str, message: str) -> None:
         super().__init__(message)
@@ -224,11 +231,10 @@ def create_app(state: ServerState) -> FastAPI:
         job = await submit(request, pinned=True, edit=edit)
         if isinstance(job, JSONResponse):
             return job
+        left = asyncio.ensure_future(client_leaves(request))
         try:
-            polls = 0
             while not job.done.is_set():
-                polls += 1
-                if polls % 10 == 0 and await request.is_disconnected():  # nobody waits for it any more
+                if left.done():  # nobody waits for the images any more: cancel the job
                     state.queue.cancel(job)
                     if job.state == "cancelled":  # it was queued: dropped now
                         state.metrics.requests.labels("cancelled").inc()
@@ -237,6 +243,7 @@ def create_app(state: ServerState) -> FastAPI:
             if job.state == "done":
                 return {"created": int(time.time()), "data": [{"b64_json": b64(png)} for png in job.pngs]}
         finally:  # answered (or the client left): nobody else can ask for this job's images
+            left.cancel()
             state.results.release(job)
         if job.state == "cancelled":
             return error(409, f"job {job.id} was cancelled at step {job.step} of {job.steps}")

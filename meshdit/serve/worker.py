@@ -30,7 +30,7 @@ from .server_state import ServerState, ServeSettings
 
 HEARTBEAT_S = 1.0  # idle ranks hear from the output rank this often
 DEAD_GRACE_S = 3.0  # after a rank failure, answer 503 this long, then exit non-zero
-REPORT_WAIT_S = 2.0  # after a broken connection, how long rank 0 waits for the launcher to say which rank died
+REPORT_WAIT_S = 5.0  # after a broken connection or a timeout, how long rank 0 waits for the launcher to say which rank died
 log = logging.getLogger("meshdit.serve")
 
 
@@ -138,7 +138,13 @@ def _run(engine, requests, state: ServerState | None, batch, outcome: "Outcome")
         failure = (400, str(exc), "")
     except Exception as exc:  # noqa: BLE001 - agreed just below: this job's failure, or a diverged mesh
         failure = (500, f"{type(exc).__name__}: {exc}", traceback.format_exc())
-    failures = outcome.agree(failure)  # {rank: failure} of every rank that raised
+    try:
+        failures = outcome.agree(failure)  # {rank: failure} of every rank that raised
+    except Exception as exc:  # noqa: BLE001 - the others never came (they wait in the request's collectives)
+        if failure is None:
+            raise
+        raise MeshDiverged(f"rank {dist.get_rank()} failed a request ({failure[1].splitlines()[0]}); the other "
+                           f"ranks did not (they never met it to agree: {str(exc).splitlines()[0][:100]})") from exc
     if failures and len(failures) < dist.get_world_size():
         rank, (_, message, _) = next(iter(failures.items()))
         raise MeshDiverged(f"rank {rank} failed a request that rank(s) "
@@ -186,15 +192,20 @@ def _blame(exc: BaseException, reports) -> str:
         return f"the ranks diverged: {exc}"
     failed = {0: RankFailure(time.time(), f"{type(exc).__name__}: {exc}".splitlines()[0], traceback.format_exc())}
     deadline = time.monotonic() + REPORT_WAIT_S
-    while reports is not None and all(f.broken_connection for f in failed.values()) and time.monotonic() < deadline:
+    while reports is not None and all(map(_consequence, failed.values())) and time.monotonic() < deadline:
         if reports.empty():
             time.sleep(0.05)
             continue
         rank, failure = reports.get()
         failed.setdefault(rank, failure)
-    cause = min(failed, key=lambda r: failed[r].weight())
+    cause = min(failed, key=lambda r: (_consequence(failed[r]), failed[r].weight()))
     first = failed[cause]
     return f"rank {cause} {first.line}" if first.died else f"rank {cause} failed: {first.line}"
+
+
+def _consequence(failure: RankFailure) -> bool:
+    """A broken connection, or a collective that timed out: what a rank sees of another's failure."""
+    return failure.broken_connection or "timed out" in failure.line.lower()
 
 
 def log_warnings_as_lines() -> None:
