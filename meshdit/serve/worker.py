@@ -156,7 +156,8 @@ def _run(engine, requests, state: ServerState | None, batch, outcome: "Outcome")
         if trace:  # not a refusal: the log gets what went wrong, the client its first line
             print(trace.rstrip(), flush=True)
             log.error("the request failed on every rank (the server keeps serving): %s", message.splitlines()[0])
-        state.fail(batch, message if status == 400 else f"the model failed on this request: {message}", status)
+        state.fail(batch, message if status == 400 else
+                   f"the model failed on this request: {message.splitlines()[0][:500]}", status)
     elif cancelled is not None:
         state.stopped(batch, cancelled)
     else:
