@@ -38,6 +38,11 @@ class MeshDiverged(RuntimeError):
     """Some ranks raised in a request and others did not: their states differ, the mesh cannot go on."""
 
 
+class FailedAlone(RuntimeError):
+    """This rank raised in a request, and the others never came to agree on it (they wait in the request's
+    collectives, or left): the mesh ends. Its message is the request's error, for the launcher's report."""
+
+
 def run_serve(settings: ServeSettings, reports=None) -> None:
     """reports: the launcher's queue of (rank, RankFailure): ranks that raised or died (spawned ranks only)."""
     from ..rank import start_rank
@@ -143,8 +148,7 @@ def _run(engine, requests, state: ServerState | None, batch, outcome: "Outcome")
     except Exception as exc:  # noqa: BLE001 - the others never came (they wait in the request's collectives)
         if failure is None:
             raise
-        raise MeshDiverged(f"rank {dist.get_rank()} failed a request ({failure[1].splitlines()[0]}); the other "
-                           f"ranks did not (they never met it to agree: {str(exc).splitlines()[0][:100]})") from exc
+        raise FailedAlone(failure[1].splitlines()[0]) from exc
     if failures and len(failures) < dist.get_world_size():
         rank, (_, message, _) = next(iter(failures.items()))
         raise MeshDiverged(f"rank {rank} failed a request that rank(s) "
