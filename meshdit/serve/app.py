@@ -234,7 +234,7 @@ def create_app(state: ServerState) -> FastAPI:
         left = asyncio.ensure_future(client_leaves(request))
         try:
             while not job.done.is_set():
-                if left.done():  # nobody waits for the images any more: cancel the job
+                if left.done() and left.exception() is None:  # nobody waits for the images: cancel the job
                     state.queue.cancel(job)
                     if job.state == "cancelled":  # it was queued: dropped now
                         state.metrics.requests.labels("cancelled").inc()
