@@ -24,6 +24,11 @@ from .denoising.batching import concat_states
 from .vae import VaeDecodeSettings, decodes_here
 
 
+OUTPUT_TYPES = ("np", "pil", "pt")
+"""What generate's output_type takes: the pipeline's image (video) processor's output types, without diffusers'
+"latent"."""
+
+
 @dataclass
 class GenerateResult:
     images: object  # what the pipeline's processor returns for output_type: np.ndarray [N, H, W, 3] (videos:
@@ -163,6 +168,9 @@ class Engine:
         images are its own seed's, as if it ran alone. One result per request."""
         if self._parallel is None:
             raise RuntimeError("this Engine was closed; make a new one to generate")
+        if output_type not in OUTPUT_TYPES:  # diffusers' "latent" would return the decoded pixels here
+            raise ConfigError(f"output_type={output_type!r}: the engine returns decoded images, as one of "
+                              f"{', '.join(map(repr, OUTPUT_TYPES))}; it does not keep latents (no 'latent')")
         requests = [self.resolve(r) for r in requests]
         self._warn_unknown_words([p for r in requests for p in r.prompts])
         # The data-parallel split needs enough images in the whole batch, not in each request.

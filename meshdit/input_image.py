@@ -16,6 +16,13 @@ MAX_IMAGE_SIDE = 8192
 """Pixels along either side at most (as --height / --width)."""
 MAX_IMAGE_PIXELS = 4096 * 4096
 """Pixels in all at most (16.8 million: 48 MiB of RGB, which serve sends to every rank)."""
+MIN_IMAGE_SIDE = 16
+"""Pixels along either side at least: FLUX.1 Kontext cuts its reference to a multiple of 2 x its VAE factor (16
+pixels), and diffusers' pipeline divides by zero on a thinner image (a 1 x 1 or 8192 x 1 image)."""
+MAX_IMAGE_ASPECT = 100
+"""The longer side over the shorter at most: Qwen-Image-Edit resizes its input to about 1024 x 1024 pixels of the
+same shape, and its vision encoder refuses a shape beyond 200:1 after that rounding (from about 170:1 on), or
+rounds a side to 0 pixels (beyond 4096:1)."""
 
 
 def open_image(source, name: str = "--image"):
@@ -43,9 +50,14 @@ def open_image(source, name: str = "--image"):
 
 
 def check_image_size(width: int, height: int, name: str = "--image") -> None:
-    if not (1 <= width <= MAX_IMAGE_SIDE and 1 <= height <= MAX_IMAGE_SIDE):
-        raise ConfigError(f"{name}: the image is {width}x{height} pixels; each side must be 1..{MAX_IMAGE_SIDE}: "
-                          "scale it down (the pipeline resizes it anyway).")
+    if not (MIN_IMAGE_SIDE <= width <= MAX_IMAGE_SIDE and MIN_IMAGE_SIDE <= height <= MAX_IMAGE_SIDE):
+        change = "scale it down" if max(width, height) > MAX_IMAGE_SIDE else "pad or scale it up"
+        raise ConfigError(f"{name}: the image is {width}x{height} pixels; each side must be "
+                          f"{MIN_IMAGE_SIDE}..{MAX_IMAGE_SIDE}: {change} (the pipeline resizes it anyway).")
+    if max(width, height) > MAX_IMAGE_ASPECT * min(width, height):
+        ratio = max(width, height) / min(width, height)
+        raise ConfigError(f"{name}: the image is {width}x{height} pixels, its long side {ratio:.0f} times its short "
+                          f"one; at most {MAX_IMAGE_ASPECT}:1 is taken: crop or pad it.")
     if width * height > MAX_IMAGE_PIXELS:
         raise ConfigError(f"{name}: the image is {width}x{height} = {width * height} pixels, more than "
                           f"{MAX_IMAGE_PIXELS} (4096 x 4096): scale it down (the pipeline resizes it anyway).")

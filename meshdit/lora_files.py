@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from .config_files import read_safetensors_header
 from .errors import ConfigError
@@ -44,6 +45,9 @@ def adapters_in_dir(folder: str) -> dict[str, str]:
     if not os.path.isdir(folder):
         raise ConfigError(f"--lora-dir {folder!r} is not a folder; give a folder of *.safetensors LoRA files")
     names = sorted(f for f in os.listdir(folder) if f.endswith(SUFFIX))
+    for stray in [f for f in names if not os.path.isfile(os.path.join(folder, f))]:  # e.g. a folder x.safetensors
+        print(f"meshdit: warning: --lora-dir {folder!r}: skipping {stray!r}, which is not a file", file=sys.stderr)
+        names.remove(stray)
     if not names:
         raise ConfigError(f"--lora-dir {folder!r} holds no *.safetensors LoRA file")
     return {adapter_name(f): os.path.join(folder, f) for f in names}

@@ -6,6 +6,10 @@ there, sleeping in Python as a rank busy in Python code would, so a test can sig
 unset, `reached` costs one environment lookup. The other phases need no hold: start-up (the
 ranks' imports) and compiling (`--compile`'s first step) are slow by themselves, denoising is as
 long as its steps.
+
+MESHDIT_FAIL_PHASE=PHASE[@RANK] (tests only) makes every rank (or rank RANK alone) raise `InjectedFault` the first
+time it reaches PHASE: an error in one request on every rank, or on one rank only, as a model's own bug would raise
+(serve's agreement on a failed request: tests/serve/test_faults.py).
 """
 from __future__ import annotations
 
@@ -17,10 +21,22 @@ PHASES = ("start-up", "loading", "compiling", "denoising", "decoding")
 HOLD_S = 600.0
 
 
+class InjectedFault(RuntimeError):
+    """What MESHDIT_FAIL_PHASE raises."""
+
+
+_failed: set = set()
+
+
 def reached(phase: str) -> None:
     """This rank starts `phase`; holds here when MESHDIT_HOLD_PHASE names it. PHASE:native holds inside
     long native calls instead (8192 x 8192 matrix products: seconds each), which Python cannot interrupt,
     as a huge request's attention call would be."""
+    fail, _, rank = os.environ.get("MESHDIT_FAIL_PHASE", "").partition("@")
+    if fail == phase and phase not in _failed and rank in ("", os.environ.get("RANK", "0")):
+        _failed.add(phase)
+        raise InjectedFault(f"MESHDIT_FAIL_PHASE={os.environ['MESHDIT_FAIL_PHASE']}: rank "
+                            f"{os.environ.get('RANK', '0')} failed in phase {phase}")
     hold, _, how = os.environ.get("MESHDIT_HOLD_PHASE", "").partition(":")
     if hold != phase:
         return

@@ -50,3 +50,18 @@ def test_wrong_model_path_on_every_rank_is_one_error(tmp_path):
     assert proc.stderr.count("meshdit: error: model 'path/or/hub-id' was not found") == 1, proc.stderr
     assert 'script.py", line' not in proc.stderr, proc.stderr  # no rank's traceback
     assert "[transformers]" not in proc.stderr
+
+
+def test_latent_output_is_refused_not_answered_with_pixels():
+    """diffusers' output_type="latent" returns latents; the engine keeps none, and said nothing (pixels came back)."""
+    from meshdit import Engine, GenerateRequest
+    from meshdit.errors import ConfigError
+    from meshdit.testing.tiny_models import tiny_pipeline
+
+    engine = Engine(tiny_pipeline("flux"))
+    try:
+        with pytest.raises(ConfigError, match="output_type='latent'.*no 'latent'"):
+            engine.generate(GenerateRequest(prompt="a cat", height=32, width=32, num_inference_steps=1),
+                            output_type="latent")
+    finally:
+        engine.close()

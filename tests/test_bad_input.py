@@ -108,7 +108,14 @@ BAD_INPUTS = {
                                 "--image: not an image file PIL can read"),
     "edit-image-missing": (["--model", "{tmp}/kontext", "--image", "{tmp}/nope.png"], "no such file"),
     "edit-image-too-wide": (["--model", "{tmp}/kontext", "--image", "{tmp}/wide.png"],
-                            "--image: the image is 8193x1 pixels; each side must be 1..8192"),
+                            "--image: the image is 8193x1 pixels; each side must be 16..8192"),
+    # images diffusers' edit pipelines fail on (Kontext divides by zero, Qwen-Image-Edit's resize gives a 0 side)
+    "edit-image-one-pixel": (["--model", "{tmp}/kontext", "--image", "{tmp}/dot.png"],
+                             "--image: the image is 1x1 pixels; each side must be 16..8192: pad or scale it up"),
+    "edit-image-one-row": (["--model", "{tmp}/kontext", "--image", "{tmp}/row.png"],
+                           "--image: the image is 8192x1 pixels; each side must be 16..8192"),
+    "edit-image-too-thin": (["--model", "{tmp}/kontext", "--image", "{tmp}/thin.png"],
+                            "its long side 256 times its short one; at most 100:1"),
     # Wan 2.2 TI2V-5B (per-token timesteps, run since issue 45): its VAE's 16 pixels x patch 2 make 32-pixel tokens
     "ti2v-height-not-token-multiple": (["--model", "{tmp}/wan-ti2v", "--height", "48", "--width", "64",
                                         "--output", "{tmp}/x.mp4"], "multiple of 32 (VAE factor 16 x patch 2)"),
@@ -260,6 +267,9 @@ def workdir(tmp_path):
     Image.new("RGB", (80, 48)).save(tmp_path / "frame.png")  # an input image the checks accept
     (tmp_path / "folder.png").mkdir()
     Image.new("RGB", (8193, 1)).save(tmp_path / "wide.png")  # a side above input_image.MAX_IMAGE_SIDE
+    Image.new("RGB", (1, 1)).save(tmp_path / "dot.png")  # below MIN_IMAGE_SIDE
+    Image.new("RGB", (8192, 1)).save(tmp_path / "row.png")
+    Image.new("RGB", (16, 4096)).save(tmp_path / "thin.png")  # beyond MAX_IMAGE_ASPECT
     for name, index in (("bad-json", '{"_class_name": "FluxPipeline",'), ("no-class", '{"a": 1}')):
         (tmp_path / name).mkdir()
         (tmp_path / name / "model_index.json").write_text(index)

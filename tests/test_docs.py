@@ -133,3 +133,18 @@ def test_readme_python_examples_run_as_written_on_the_bundled_model(tmp_path):
                           capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("(1, 256, 256, 3)") == 1, proc.stdout  # printed by the output rank alone
+
+
+def test_serving_curl_example_never_overwrites_an_earlier_image(tmp_path):
+    """docs/serving.md's curl | python line writes the answer's image, and refuses to replace an existing file."""
+    import base64
+    import json
+
+    command = re.search(r'\| python -c "([^"]+)"', (ROOT / "docs" / "serving.md").read_text()).group(1)
+    name = re.search(r"open\('([^']+)'", command).group(1)
+    answer = json.dumps({"data": [{"b64_json": base64.b64encode(b"the new image").decode()}]})
+    run = lambda: subprocess.run([sys.executable, "-c", command], input=answer, text=True, cwd=tmp_path,  # noqa: E731
+                                 capture_output=True)
+    assert run().returncode == 0 and (tmp_path / name).read_bytes() == b"the new image"
+    (tmp_path / name).write_bytes(b"an earlier image")
+    assert run().returncode != 0 and (tmp_path / name).read_bytes() == b"an earlier image"

@@ -26,19 +26,38 @@ def error(status: int, message: str, param: str | None = None, headers: dict | N
                         status_code=status, headers=headers)
 
 
-async def read_body(request: Request, limit: int) -> bytes | None:
+class BodyTimeout(Exception):
+    """The body did not arrive whole in time (a client that stalls, or sends a byte a minute)."""
+
+
+async def read_body(request: Request, limit: int, timeout: float = float("inf")) -> bytes | None:
     """The body, or None once it is known to exceed `limit` bytes: from Content-Length before reading
-    any of it, else (chunked) as soon as the bytes read pass the limit; the rest is never read."""
+    any of it, else (chunked) as soon as the bytes read pass the limit; the rest is never read. Raises
+    BodyTimeout if the whole body has not arrived `timeout` seconds after the request's head."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         return None
     chunks, size = [], 0
-    async for chunk in request.stream():
+    stream = request.stream().__aiter__()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            chunk = await asyncio.wait_for(stream.__anext__(), max(0.0, deadline - time.monotonic()))
+        except StopAsyncIteration:
+            return b"".join(chunks)
+        except asyncio.TimeoutError:
+            raise BodyTimeout() from None
         size += len(chunk)
         if size > limit:
             return None
         chunks.append(chunk)
-    return b"".join(chunks)
+
+
+async def client_leaves(request: Request) -> None:
+    """Returns once the client has closed the connection (its body was read already: what arrives now is the
+    disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class BadForm(ValueError):
@@ -95,12 +114,18 @@ async def form_fields(headers, raw: bytes, file_field: str = "image", text_field
 async def request_fields(request: Request, state: ServerState, file_field: str = "image",
                          text_fields=TEXT_FIELDS) -> dict | JSONResponse:
     """A request's body (JSON, or multipart/form-data: form_fields) as a dict, or the error answering it: 415 for
-    another content type, 413 past --max-body-bytes, 400 for a body that cannot be read."""
+    another content type, 413 past --max-body-bytes, 408 past --body-timeout, 400 for a body that cannot be read."""
     content_type = request.headers.get("content-type", "")
     multipart = content_type.startswith("multipart/form-data")
     if "application/json" not in content_type and not multipart:
         return error(415, "Content-Type must be application/json or multipart/form-data", "content-type")
-    raw = await read_body(request, state.settings.max_body_bytes)
+    try:
+        raw = await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout)
+    except BodyTimeout:
+        state.metrics.requests.labels("rejected_timeout").inc()
+        return error(408, f"the body did not arrive whole within this server's limit of "
+                          f"{state.settings.body_timeout:g} s (--body-timeout); send it at once", "body",
+                     headers={"Connection": "close"})
     if raw is None:
         state.metrics.requests.labels("rejected_too_large").inc()
         return error(413, f"the body is larger than this server's limit of {state.settings.max_body_bytes} "
@@ -233,12 +258,19 @@ def create_app(state: ServerState) -> FastAPI:
         job = await submit(request, pinned=True, edit=edit)
         if isinstance(job, JSONResponse):
             return job
+        left = asyncio.ensure_future(client_leaves(request))
         try:
             while not job.done.is_set():
+                if left.done() and left.exception() is None:  # nobody waits for the images: cancel the job
+                    state.queue.cancel(job)
+                    if job.state == "cancelled":  # it was queued: dropped now
+                        state.metrics.requests.labels("cancelled").inc()
+                    return Response(status_code=499)  # nginx's "client closed request": nobody reads it
                 await asyncio.sleep(0.02)
             if job.state == "done":
                 return {"created": int(time.time()), "data": [{"b64_json": b64(png)} for png in job.pngs]}
         finally:  # answered (or the client left): nobody else can ask for this job's images
+            left.cancel()
             state.results.release(job)
         if job.state == "cancelled":
             return error(409, f"job {job.id} was cancelled at step {job.step} of {job.steps}")

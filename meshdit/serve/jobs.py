@@ -25,7 +25,7 @@ class Job:
     steps: int
     id: str = field(default_factory=lambda: "img-" + uuid.uuid4().hex[:16])
     created: float = field(default_factory=time.time)
-    state: str = "queued"  # queued -> running -> done (-> expired) | failed | cancelled
+    state: str = "queued"  # queued -> running -> done (-> expired) | failed | cancelled (public: "cancelling" between)
     step: int = 0
     cached_steps: int | None = None  # with a step cache: steps whose middle blocks were skipped, once done
     error: str | None = None
@@ -41,7 +41,8 @@ class Job:
     done: threading.Event = field(default_factory=threading.Event)
 
     def public(self) -> dict:
-        out = {"id": self.id, "object": "image.job", "status": self.state, "step": self.step, "steps": self.steps,
+        status = "cancelling" if self.state == "running" and self.cancel_requested else self.state  # until it stops
+        out = {"id": self.id, "object": "image.job", "status": status, "step": self.step, "steps": self.steps,
                "n": self.num_images, "created": int(self.created)}
         if self.cached_steps is not None:
             out["computed_steps"], out["cached_steps"] = self.steps - self.cached_steps, self.cached_steps

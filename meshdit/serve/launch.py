@@ -12,6 +12,7 @@ import os
 import signal
 import time
 
+from ..distributed.blame import RankFailure, death
 from ..distributed.hard_exit import hard_exit
 from ..distributed.launch import check_torchrun_world, under_torchrun
 from ..distributed.ports import free_port
@@ -20,7 +21,8 @@ from .server_state import ServeSettings
 _STOP_GRACE_S = 15.0  # after the first rank exits, how long the others get to exit by themselves
 
 
-def _rank_main(rank: int, world_size: int, settings: ServeSettings) -> None:
+def _rank_main(rank: int, world_size: int, settings: ServeSettings, reports) -> None:
+    """reports: (rank, RankFailure) to the output rank, which names the rank to blame in its 503."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     import sys
     import traceback
@@ -29,9 +31,11 @@ def _rank_main(rank: int, world_size: int, settings: ServeSettings) -> None:
 
     code = 0
     try:
-        run_serve(settings)
-    except BaseException:  # noqa: BLE001 - reported here; the exit status tells the launcher
+        run_serve(settings, reports if rank == 0 else None)
+    except BaseException as exc:  # noqa: BLE001 - reported here; the exit status tells the launcher
         traceback.print_exc()
+        reports.put((rank, RankFailure(time.time(), f"{type(exc).__name__}: {exc}".splitlines()[0],
+                                       traceback.format_exc())))
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
@@ -53,7 +57,8 @@ def serve_ranks(settings: ServeSettings) -> int:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = os.environ.get("MASTER_PORT") or str(free_port())
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(rank, world_size, settings), name=f"meshdit-rank{rank}")
+    reports = ctx.SimpleQueue()  # ranks' errors and deaths, read by the output rank
+    procs = [ctx.Process(target=_rank_main, args=(rank, world_size, settings, reports), name=f"meshdit-rank{rank}")
              for rank in range(world_size)]
     stopping = []
 
@@ -66,7 +71,7 @@ def serve_ranks(settings: ServeSettings) -> int:
     try:
         for proc in procs:
             proc.start()
-        return _watch(procs)
+        return _watch(procs, reports)
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
@@ -76,10 +81,16 @@ def serve_ranks(settings: ServeSettings) -> int:
             proc.join(timeout=5)
 
 
-def _watch(procs) -> int:
-    """Waits for every rank; once one has exited, the rest get _STOP_GRACE_S, then are killed."""
+def _watch(procs, reports) -> int:
+    """Waits for every rank; once one has exited, the rest get _STOP_GRACE_S, then are killed. A rank that ends
+    non-zero is reported to the output rank (blame.death: its signal or exit code)."""
     first_exit = None
+    reported = set()
     while any(p.is_alive() for p in procs):
+        for rank, proc in enumerate(procs):
+            if proc.exitcode not in (0, None) and rank not in reported:
+                reported.add(rank)
+                reports.put((rank, death(time.time(), proc.exitcode)))
         if first_exit is None and any(p.exitcode is not None for p in procs):
             first_exit = time.monotonic()
         if first_exit is not None and time.monotonic() - first_exit > _STOP_GRACE_S:

@@ -9,12 +9,16 @@ RESULT_STORE_MB = 1024  # finished jobs' PNGs held on the output rank; the oldes
 RESULT_TTL_S = 3600.0  # a finished job's PNGs expire this long after it ended
 MAX_FRAMES = 257  # frames per video request (LTX-Video's default is 161, HunyuanVideo's 129)
 DRAIN_GRACE_S = 5.0  # after a SIGTERM drain, how long a job that finished during it stays fetchable
+BODY_TIMEOUT_S = 30.0  # a request body not whole this long after its head: 408 (a stalled or trickling client)
 
 
 def add_limit_flags(serve) -> None:
     serve.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, metavar="BYTES",
                        help="largest request body (an input image travels in it); a larger one gets 413 without "
                             "being read (default: 16 MiB)")
+    serve.add_argument("--body-timeout", type=float, default=BODY_TIMEOUT_S, metavar="SECONDS",
+                       help="a request body must arrive whole this long after its head, else 408 "
+                            f"(default: {BODY_TIMEOUT_S:g})")
     serve.add_argument("--result-store-mb", type=int, default=RESULT_STORE_MB, metavar="MIB",
                        help="memory for finished jobs' PNGs; beyond it the oldest expire (their content: 410) "
                             f"(default: {RESULT_STORE_MB})")
@@ -35,6 +39,8 @@ def add_limit_flags(serve) -> None:
 def check_limit_flags(args) -> None:
     if args.max_body_bytes < 1:
         raise ConfigError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
+    if not args.body_timeout > 0:
+        raise ConfigError(f"--body-timeout must be > 0 seconds, got {args.body_timeout:g}")
     if args.result_store_mb < 1:
         raise ConfigError(f"--result-store-mb must be >= 1 (MiB), got {args.result_store_mb}")
     if args.result_ttl <= 0:
@@ -49,6 +55,6 @@ def check_limit_flags(args) -> None:
 
 def limit_settings(args) -> dict:
     """ServeSettings' fields from the flags."""
-    return dict(max_body_bytes=args.max_body_bytes, result_store_bytes=args.result_store_mb << 20,
-                result_ttl=args.result_ttl, drain_grace=args.drain_grace, max_frames=args.max_frames,
-                max_queue_seconds=args.max_queue_seconds)
+    return dict(max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout,
+                result_store_bytes=args.result_store_mb << 20, result_ttl=args.result_ttl,
+                drain_grace=args.drain_grace, max_frames=args.max_frames, max_queue_seconds=args.max_queue_seconds)

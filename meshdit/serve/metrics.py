@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 disable_created_metrics()  # no *_created samples: they only add noise to a scrape
 
 OUTCOMES = ("done", "failed", "cancelled", "rejected_queue_full", "rejected_invalid", "rejected_too_large",
-            "unauthorized", "rejected_queue_seconds")
+            "rejected_timeout", "unauthorized", "rejected_queue_seconds")
 
 
 class Metrics:

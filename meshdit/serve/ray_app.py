@@ -166,12 +166,14 @@ class RankActor:
         import torch.distributed as dist
 
         from ..rank import start_rank
+        from .worker import Outcome
         from .worker import _follow as follow  # the same loop as `meshdit serve`'s ranks
 
         engine = start_rank(settings.engine).engine
         engine.pipe.set_progress_bar_config(disable=True)
+        outcome = Outcome()  # every rank, in the same order: a collective
         dist.barrier()  # loaded on every rank
-        follow(engine)
+        follow(engine, outcome)
 
 
 class MeshReplica:
@@ -221,16 +223,18 @@ class MeshReplica:
         import torch.distributed as dist
 
         from ..rank import start_rank
+        from .worker import Outcome
         from .worker import _lead as lead  # the same loop as `meshdit serve`'s output rank
 
         running: list = []
         try:
             engine = start_rank(self.state.settings.engine).engine
             engine.pipe.set_progress_bar_config(disable=True)
+            outcome = Outcome()
             dist.barrier()
             self.state.attach(engine)
             self.loaded.set()
-            lead(engine, self.state, self.stop, running)
+            lead(engine, self.state, self.stop, running, outcome)
         except BaseException as exc:  # noqa: BLE001 - a rank died or left a collective: fail its jobs, say which
             self.state.mark_dead(self._blame() or f"{type(exc).__name__}: {exc}".splitlines()[0][:300], running)
 

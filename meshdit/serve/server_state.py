@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import hashlib
 import io
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from ..errors import ConfigError
 from ..input_image import open_image
 from .admission import Admission
 from .jobs import Job, JobQueue
-from .limits import DRAIN_GRACE_S, MAX_BODY_BYTES, MAX_FRAMES, RESULT_STORE_MB, RESULT_TTL_S
+from .limits import BODY_TIMEOUT_S, DRAIN_GRACE_S, MAX_BODY_BYTES, MAX_FRAMES, RESULT_STORE_MB, RESULT_TTL_S
 from .metrics import Metrics
 from .results import ResultStore
 from .schemas import ImageRequest
@@ -47,6 +48,7 @@ class ServeSettings:
     queue_timeout: float = 600.0  # seconds a job may wait
     max_queue_seconds: float | None = None  # predicted wait beyond which a job gets 429 (None: no such limit)
     max_body_bytes: int = MAX_BODY_BYTES  # larger request bodies get 413, unread
+    body_timeout: float = BODY_TIMEOUT_S  # seconds a request body may take to arrive whole (else 408)
     result_store_bytes: int = RESULT_STORE_MB << 20  # finished jobs' PNGs held; the oldest expire beyond it
     result_ttl: float = RESULT_TTL_S  # seconds a finished job's PNGs are held
     drain_grace: float = DRAIN_GRACE_S  # seconds a job that finished during a drain stays fetchable
@@ -161,7 +163,8 @@ class ServerState:
             self.info.check(s.config, height, width, scale, body.n, request.patches(s.config))
         except ConfigError as exc:
             param = "guidance_scale" if "CFG" in str(exc) else "size"
-            raise BadRequest(param, f"{param}: {exc}") from None
+            message = size_terms(str(exc), height, width) if param == "size" else str(exc)
+            raise BadRequest(param, f"{param}: {message}") from None
         self._check_prompt_length("prompt", body.prompt)
         if body.negative_prompt:
             self._check_prompt_length("negative_prompt", body.negative_prompt)
@@ -183,6 +186,7 @@ class ServerState:
             raise BadRequest("image", f"image: this {what} makes images from text alone and takes no image: "
                                       "drop `image` (or serve an image-edit model such as FLUX.1 Kontext)")
         text = body.image.split(",", 1)[1] if body.image.startswith("data:") else body.image  # a data: URL
+        text = "".join(text.split())  # MIME base64 (`base64` without -w 0) breaks lines every 76 characters
         try:
             data = base64.b64decode(text, validate=True)
         except ValueError:
@@ -322,6 +326,24 @@ class ServerState:
         self.metrics.request_seconds.observe(seconds)
         with self._lock:
             self._latency = 0.8 * self._latency + 0.2 * seconds
+
+
+_CLI_SIZES = (  # ModelInfo.check's advice in generate's flags -> the same advice in the request's `size` (WxH)
+    (r"use --height (\d+) --width (\d+)", lambda m, h, w: f"use size {m[2]}x{m[1]}"),
+    (r"use --height (\d+) or (\d+)", lambda m, h, w: f"use size {w}x{m[1]} or {w}x{m[2]}"),
+    (r"use --width (\d+) or (\d+)", lambda m, h, w: f"use size {m[1]}x{h} or {m[2]}x{h}"),
+    (r"use --height >= (\d+)", lambda m, h, w: f"use a size at least {m[1]} pixels high (size {w}x{m[1]})"),
+    (r"use (?:--)?height and (?:--)?width <= (\d+)", lambda m, h, w: f"use a size of at most {m[1]}x{m[1]}"),
+    (r"a larger --height", lambda m, h, w: "a larger height (the H of size WxH)"),
+    (r"raise the resolution", lambda m, h, w: "raise the size"),
+)
+
+
+def size_terms(message: str, height: int, width: int) -> str:
+    """A size refusal worded for generate's --height / --width, reworded for the request's `size` field."""
+    for pattern, advice in _CLI_SIZES:
+        message = re.sub(pattern, lambda m: advice(m, height, width), message)
+    return message.replace("--height", "the height in `size`").replace("--width", "the width in `size`")
 
 
 def png_bytes(image: np.ndarray) -> bytes:

@@ -18,11 +18,12 @@ SMALL = ["--height", "64", "--width", "64", "--steps", "4"]  # the bundled model
 
 
 class Server:
-    def __init__(self, log_dir: Path, *flags: str) -> None:
+    def __init__(self, log_dir: Path, *flags: str, env: dict | None = None) -> None:
+        """env: more environment for the server (e.g. phases.py's MESHDIT_FAIL_PHASE)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log_dir / f"serve-{self.port}.log"
-        env = dict(os.environ, PYTHONPATH=str(REPO), MESHDIT_API_KEY=KEY)
+        env = dict(os.environ, PYTHONPATH=str(REPO), MESHDIT_API_KEY=KEY, **(env or {}))
         self.proc = subprocess.Popen([sys.executable, "-m", "meshdit", "serve", "--port", str(self.port), *flags],
                                      cwd=REPO, env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
         self.client = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=300)

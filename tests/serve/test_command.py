@@ -188,3 +188,17 @@ def test_a_non_loopback_host_without_an_api_key_is_refused_unless_allowed_then_w
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
 def test_loopback_hosts_need_no_api_key(host):
     assert is_loopback(host)
+
+
+def test_a_stray_folder_in_lora_dir_is_skipped_with_a_warning(tmp_path, capsys):
+    """A folder named like an adapter file (x.safetensors) is no adapter: skipped, saying so, not refused as --lora."""
+    from meshdit.testing.tiny_lora import save_tiny_lora
+    from meshdit.testing.tiny_models import tiny_pipeline
+
+    tiny_pipeline("flux").save_pretrained(tmp_path / "model")
+    (tmp_path / "loras" / "x.safetensors").mkdir(parents=True)
+    ink = save_tiny_lora("flux", str(tmp_path / "loras" / "ink.safetensors"), seed=1)
+    args = build_parser().parse_args(["serve", "--model", str(tmp_path / "model"), "--lora-dir",
+                                      str(tmp_path / "loras"), "--height", "32", "--width", "48"])
+    assert serve_settings(args).engine.loras == (("ink", ink),)
+    assert "--lora-dir" in (err := capsys.readouterr().err) and "skipping 'x.safetensors'" in err, err

@@ -122,7 +122,7 @@ def test_limit_flags_are_checked_before_any_rank_starts(capsys):
     from meshdit.cli import main
 
     for flag, value in (("--max-body-bytes", "0"), ("--result-store-mb", "0"), ("--result-ttl", "-1"),
-                        ("--drain-grace", "-1")):
+                        ("--drain-grace", "-1"), ("--body-timeout", "0")):
         assert main(["serve", flag, value]) == 2
         assert flag in capsys.readouterr().err
 
@@ -243,3 +243,53 @@ def test_while_draining_new_jobs_get_503_health_says_draining_and_finished_resul
     assert not state.may_stop()
     time.sleep(0.4)
     assert state.may_stop()
+
+
+# -- bodies that never complete, clients that leave -------------------------------------------------
+
+
+@pytest.fixture()
+def quick_server(monkeypatch):
+    """A server whose bodies must arrive within a second; jobs are checked as if the model allowed them."""
+    state = ready_state(body_timeout=1.0)
+    monkeypatch.setattr(state, "make_job", lambda body: Job(GenerateRequest(prompt=body.prompt, seed=body.seed),
+                                                            (body.seed,), 1, 4))
+    server = start_http(state)
+    try:
+        yield state
+    finally:
+        stop_http(server)
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_body_that_never_completes_gets_408_after_the_body_timeout(quick_server, framing):
+    port = quick_server.settings.port
+    lines = ["Content-Length: 1000"] if framing == "content-length" else ["Transfer-Encoding: chunked"]
+    part = b'{"prompt": "a re' if framing == "content-length" else b'10\r\n{"prompt": "a re\r\n'
+    started = time.monotonic()
+    answer = raw_exchange(port, head(port, *lines), part)  # the rest never comes
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+    assert b"--body-timeout" in answer and b"connection: close" in answer.lower()
+    assert time.monotonic() - started < 10
+    assert 'outcome="rejected_timeout"} 1.0' in httpx.get(f"http://127.0.0.1:{port}/metrics").text
+
+
+def test_a_synchronous_request_whose_client_leaves_is_cancelled(quick_server):
+    """Queued: dropped at once; running: asked to stop at the next step boundary (the rank loop's part)."""
+    state, port = quick_server, quick_server.settings.port
+    body = b'{"prompt": "a red circle", "seed": 5}'
+    for running in (False, True):
+        conn = socket.create_connection(("127.0.0.1", port), timeout=10)
+        conn.sendall(head(port, f"Content-Length: {len(body)}").replace(b"/v1/images/jobs", b"/v1/images/generations")
+                     + body)
+        deadline = time.monotonic() + 10
+        while not len(state.queue) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        [job] = [j for j in state.queue.jobs.values() if j.state == "queued"]
+        if running:
+            assert state.queue.next_batch(timeout=1) == [job]
+        conn.close()  # the client leaves without waiting for its images
+        while not (job.cancel_requested or job.state == "cancelled") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert job.cancel_requested if running else job.state == "cancelled", (running, job.public())
+    assert 'outcome="cancelled"} 1.0' in httpx.get(f"http://127.0.0.1:{port}/metrics").text

@@ -15,7 +15,7 @@ from PIL import Image
 
 from meshdit.config import GenerateRequest
 from meshdit.engine_settings import EngineSettings
-from meshdit.input_image import MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE
+from meshdit.input_image import MAX_IMAGE_ASPECT, MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE, MIN_IMAGE_SIDE
 from meshdit.models.info import ModelInfo
 from meshdit.serve.app import create_app
 from meshdit.serve.server_state import ServerState, ServeSettings
@@ -86,9 +86,14 @@ def too_many_pixels() -> bytes:
 @pytest.mark.parametrize("data, message", [
     (b"not an image at all", "image: not an image file"),
     (PICTURE[:200], "image: the image file is damaged"),
-    (too_wide(), f"each side must be 1..{MAX_IMAGE_SIDE}"),
+    (too_wide(), f"each side must be {MIN_IMAGE_SIDE}..{MAX_IMAGE_SIDE}"),
     (too_many_pixels(), f"more than {MAX_IMAGE_PIXELS}"),
-], ids=["not-an-image", "truncated", "too-wide", "too-many-pixels"])
+    # legal PNGs that made diffusers' edit pipelines raise on every rank, which ended `meshdit serve`: FLUX.1
+    # Kontext divides by zero (1 x 1, 8192 x 1), Qwen-Image-Edit's vision encoder refuses the resized shape
+    (png_file(Image.new("RGB", (1, 1))), f"the image is 1x1 pixels; each side must be {MIN_IMAGE_SIDE}.."),
+    (png_file(Image.new("RGB", (8192, 1))), f"the image is 8192x1 pixels; each side must be {MIN_IMAGE_SIDE}.."),
+    (png_file(Image.new("RGB", (16, 4096))), f"at most {MAX_IMAGE_ASPECT}:1 is taken"),
+], ids=["not-an-image", "truncated", "too-wide", "too-many-pixels", "one-pixel", "one-row", "too-thin"])
 def test_bad_images_get_400_naming_the_field(edit_server, data, message):
     _, client = edit_server
     for answer in (client.post("/v1/images/generations", json={"prompt": "a cat", "image": b64(data)}),
@@ -110,6 +115,48 @@ def test_malformed_image_fields_get_400(edit_server):
              "n", "n:")):
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["param"] == param and message in answer.json()["error"]["message"]
+
+
+def test_base64_with_line_breaks_is_taken_as_mime_allows(edit_server):
+    """`base64 cat.png` (no -w 0) and Python's encodebytes break lines every 76 characters."""
+    state, client = edit_server
+    expected = np.asarray(Image.open(io.BytesIO(PICTURE)).convert("RGB"))
+    for text in (base64.encodebytes(PICTURE).decode("ascii"), base64.encodebytes(PICTURE).decode().replace("\n", "\r\n"),
+                 "data:image/png;base64," + base64.encodebytes(PICTURE).decode("ascii")):
+        assert "\n" in text
+        image = queued(state, client.post("/v1/images/jobs", json={"prompt": "a cat", "image": text})).image
+        assert np.array_equal(np.asarray(image), expected)
+
+
+def test_a_size_the_model_cannot_split_is_answered_in_the_request_s_terms(edit_server):
+    state, client = edit_server
+    multiple = state.info.family.pixel_multiple(state.info.transformer_config, state.info.vae_scale_factor)
+    width, height = 3 * multiple, 2 * multiple + 1  # the height is no multiple of the model's patch
+    answer = client.post("/v1/images/jobs", json={"prompt": "a cat", "size": f"{width}x{height}"})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "size", answer.text
+    message = answer.json()["error"]["message"]
+    assert "--height" not in message and "--width" not in message, message
+    assert f"use size {width}x{2 * multiple} or {width}x{3 * multiple}" in message, message
+
+
+@pytest.mark.parametrize("field", [{"output_type": "latent"}, {"response_format": "latent"}])
+def test_latent_output_is_refused_not_answered_with_pixels(edit_server, field):
+    _, client = edit_server
+    answer = client.post("/v1/images/generations", json={"prompt": "a cat", **field})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == next(iter(field)), answer.text
+
+
+def test_deleting_a_running_job_answers_cancelling_until_it_stops(edit_server):
+    state, client = edit_server
+    job_id = client.post("/v1/images/jobs", json={"prompt": "a cat", "size": "48x32"}).json()["id"]
+    batch = []
+    while not any(job.id == job_id for job in batch):  # what the rank loop does: the job starts running
+        batch = state.queue.next_batch(timeout=1)
+    answer = client.delete(f"/v1/images/jobs/{job_id}")
+    assert answer.status_code == 200 and answer.json()["status"] == "cancelling", answer.text
+    assert client.get(f"/v1/images/jobs/{job_id}").json()["status"] == "cancelling"
+    state.stopped(batch, 1)  # the ranks stopped at the next step boundary
+    assert client.get(f"/v1/images/jobs/{job_id}").json()["status"] == "cancelled"
 
 
 def test_a_model_that_takes_no_image_refuses_one_with_400():

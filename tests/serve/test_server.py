@@ -127,8 +127,8 @@ def test_cancel_running_and_queued_jobs_queue_full_and_progress_events(server):
     assert full.status_code == 429 and int(full.headers["Retry-After"]) >= 1
     dropped = server.client.delete(f"/v1/images/jobs/{queued[0]['id']}").json()
     assert dropped["status"] == "cancelled" and dropped["step"] == 0
-    server.client.delete(f"/v1/images/jobs/{running['id']}")
-    stopped = server.wait_job(running["id"], lambda s: s["status"] != "running")
+    assert server.client.delete(f"/v1/images/jobs/{running['id']}").json()["status"] == "cancelling"
+    stopped = server.wait_job(running["id"], lambda s: s["status"] not in ("running", "cancelling"))
     assert stopped["status"] == "cancelled" and 2 <= stopped["step"] < 1000
     # the next job runs normally on every rank, and its progress streams as server-sent events
     with server.client.stream("GET", f"/v1/images/jobs/{queued[1]['id']}/events") as events:
@@ -172,6 +172,23 @@ def test_concurrent_load_loses_nothing_and_each_image_equals_its_solo_image(serv
     assert "meshdit_batch_images_count" in metrics
 
 
+def test_a_warning_is_one_line_of_the_server_s_log(server):
+    """An unknown prompt word (the bundled model's vocabulary) warns through the server's logger, not as Python's
+    two-line file:line + source warning."""
+    before = len(server.log.read_text().splitlines())
+    r = server.client.post("/v1/images/generations", json={"prompt": "two red zebras on a white background"})
+    assert r.status_code == 200, r.text
+    lines = server.log.read_text().splitlines()[before:]
+    warned = [line for line in lines if "zebras" in line]
+    assert len(warned) == 1 and warned[0].startswith("meshdit serve (rank 0): WARNING: UnknownWordsWarning: "), lines
+    assert not [line for line in lines if "warnings.warn" in line or "_warn_unknown_words" in line], lines
+
+
+def test_the_web_page_has_a_cancel_button_that_deletes_the_job(server):
+    page = server.client.get("/").text
+    assert 'id="cancel"' in page and 'method: "DELETE"' in page
+
+
 def test_web_page_in_a_headless_browser(server):
     if not (os.path.exists("/usr/bin/chromium") and os.path.exists("/usr/bin/chromedriver")):
         pytest.skip("Debian's chromium and chromium-driver are not installed (.ci/run installs them where apt works)")
@@ -200,6 +217,13 @@ def test_web_page_in_a_headless_browser(server):
             b.execute_script("const i = document.getElementById('image'); return i.complete && i.naturalWidth > 0"))
         assert len([v for v in values if 0 < v < 60]) >= 2, values  # the bar advanced step by step
         assert browser.find_element(By.ID, "status").text == "done"
+        steps.clear()
+        steps.send_keys("1000")  # a job to cancel: Cancel DELETEs it, and it stops at the next step boundary
+        browser.find_element(By.ID, "submit").click()
+        WebDriverWait(browser, 120, poll_frequency=0.1).until(lambda b: float(progress.get_attribute("value")) > 0)
+        browser.find_element(By.ID, "cancel").click()
+        WebDriverWait(browser, 120, poll_frequency=0.1).until(
+            lambda b: b.find_element(By.ID, "status").text.startswith("cancelled"))
     finally:
         browser.quit()
 
