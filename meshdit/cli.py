@@ -92,6 +92,10 @@ def generate_command(args) -> None:
 
         print(f"meshdit: {describe_choice(engine, prediction)}")
     warn_unknown_words(engine.model, request.prompts)
+    from .config import blank_prompts_note
+
+    if blank_prompts_note(request.prompts):
+        print(f"meshdit: warning: {blank_prompts_note(request.prompts)}", file=sys.stderr)
     num_images = len(request.prompts) * request.num_images_per_prompt
     output = args.output or ("meshdit.mp4" if info.is_video else "meshdit.png")
     check_output_writable(output, num_images)

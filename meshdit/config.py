@@ -157,6 +157,9 @@ class RequestDefaults:
     """Video models: frames per video (None: an image model, which takes no --num-frames)."""
     fps: int | None = None
     """Video models: frames per second the saved video plays at."""
+    guidance_without_negative_prompt: float | None = None
+    """The guidance an unset --guidance-scale takes when no --negative-prompt is given, where the pipeline runs
+    true CFG only with one (FLUX.1, Qwen-Image: 1.0, one branch, as the plain pipeline call); None: guidance_scale."""
 
 
 @dataclass
@@ -249,7 +252,9 @@ class GenerateRequest:
             self, height=self.height if self.height is not None else defaults.height,
             width=self.width if self.width is not None else defaults.width,
             num_inference_steps=self.num_inference_steps if self.num_inference_steps is not None else defaults.steps,
-            guidance_scale=self.guidance_scale if self.guidance_scale is not None else defaults.guidance_scale,
+            guidance_scale=self.guidance_scale if self.guidance_scale is not None else
+            defaults.guidance_without_negative_prompt if self.negative_prompt is None and
+            defaults.guidance_without_negative_prompt is not None else defaults.guidance_scale,
             # an image model's defaults have no frames: a --num-frames given to it stays, and is refused
             num_frames=self.num_frames if self.num_frames is not None else defaults.num_frames,
             fps=self.fps if self.fps is not None else defaults.fps,
@@ -257,7 +262,7 @@ class GenerateRequest:
 
     def validate(self) -> None:
         """Range checks that need no model; each message names the flag and the fix."""
-        _check_texts("--prompt", self.prompts, allow_empty=False)
+        _check_texts("--prompt", self.prompts, allow_empty=False)  # a blank prompt is taken, as diffusers encodes it
         for entry in self.loras:
             if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], str)
                     and isinstance(entry[1], (int, float)) and math.isfinite(entry[1])):
@@ -300,6 +305,15 @@ def _check_int(flag: str, value, low: int, high: int | None, hint: str, allow_no
         raise ConfigError(f"{flag} {value} is out of range: it must be {bounds}; {hint}.")
 
 
+def blank_prompts_note(prompts: list) -> str | None:
+    """A blank prompt is encoded as diffusers does (unconditional generation): said once, not refused."""
+    blank = [p for p in prompts if isinstance(p, str) and not p.strip()]
+    if blank:
+        return (f"--prompt {blank[0]!r} is blank: the model draws without a text condition (unconditional "
+                "generation, as diffusers encodes an empty prompt)")
+    return None
+
+
 def _check_texts(flag: str, texts: list, allow_empty: bool) -> None:
     if not texts and not allow_empty:
         raise ConfigError(f"{flag}: no prompt given; pass --prompt TEXT or a --prompt-file with one prompt per line.")
@@ -310,5 +324,4 @@ def _check_texts(flag: str, texts: list, allow_empty: bool) -> None:
             text.encode("utf-8")
         except UnicodeEncodeError:  # undecodable argv bytes arrive as lone surrogates
             raise ConfigError(f"{flag} {text!r} is not valid UTF-8 text: pass the prompt in UTF-8.") from None
-        if not allow_empty and not text.strip():
-            raise ConfigError(f"{flag} {text!r} is blank: give the text to draw, e.g. {flag} 'a red circle'.")
+

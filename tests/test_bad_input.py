@@ -38,8 +38,6 @@ BAD_INPUTS = {
     "max-sequence-length-0": (["--max-sequence-length", "0"], "--max-sequence-length 0 is out of range"),
     "max-sequence-length-negative": (["--max-sequence-length", "-1"], "--max-sequence-length -1 is out of range"),
     "max-sequence-length-above-t5": (["--max-sequence-length", "513"], "use --max-sequence-length <= 512"),
-    "prompt-empty": (["--prompt", ""], "--prompt '' is blank"),
-    "prompt-blank": (["--prompt", "a cat", "   "], "--prompt '   ' is blank"),
     "prompt-not-utf8": (["--prompt", "caf\udce9"], "--prompt 'caf\\udce9' is not valid UTF-8"),
     "negative-prompt-not-utf8": (["--negative-prompt", "\udcff"], "--negative-prompt '\\udcff' is not valid UTF-8"),
     "prompt-file-empty": (["--prompt-file", "{tmp}/empty.txt"], "holds no prompt (it is empty or blank)"),
