@@ -133,3 +133,10 @@ def test_readme_python_examples_run_as_written_on_the_bundled_model(tmp_path):
                           capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("(1, 256, 256, 3)") == 1, proc.stdout  # printed by the output rank alone
+
+
+def test_readme_install_starts_with_a_virtual_environment():
+    """A newcomer following the README installs into a venv of their own, not the system's Python."""
+    install = README.read_text().split("## Install and first image", 1)[1]
+    first_block = re.findall(r"^```bash\n(.*?)^```", install, re.S | re.M)[0].splitlines()
+    assert first_block[0] == "python -m venv .venv && . .venv/bin/activate", first_block
