@@ -66,6 +66,10 @@ class Engine:
         self.mesh = mesh if mesh is not None else SingleProcessMesh(pipe.transformer.device)
         self.vae = vae or VaeDecodeSettings()
         self.vae.validate()
+        if getattr(pipe, "vae", None) is not None:  # the CLI's refusal (SANA's DC-AE, ...), before any hook
+            from .vae.settings import check_vae_class
+
+            check_vae_class({**pipe.vae.config, "_class_name": type(pipe.vae).__name__}, self.vae)
         self.info = ModelInfo.from_pipeline(pipe)
         self.recipe = self.info.make_recipe(pipe)
         self.info.check_layout(self.mesh.config)  # the CLI's ConfigError, before any hook is installed
@@ -150,9 +154,10 @@ class Engine:
         self.info.check_request(self.mesh.config, request)
 
     @torch.inference_mode()
-    def generate(self, request: GenerateRequest, output_type: str = "np", show_progress: bool = False,
+    def generate(self, request: GenerateRequest | str, output_type: str = "np", show_progress: bool = False,
                  on_step=None) -> GenerateResult:
-        """on_step(step, total) -> bool is called on every rank before each step; if it returns True on
+        """request: a GenerateRequest, or a prompt alone (every other value the model's default).
+        on_step(step, total) -> bool is called on every rank before each step; if it returns True on
         any rank, every rank stops at that step (GenerationCancelled), agreed through the mesh."""
         return self.generate_many([request], output_type, show_progress, on_step)[0]
 
@@ -163,7 +168,7 @@ class Engine:
         images are its own seed's, as if it ran alone. One result per request."""
         if self._parallel is None:
             raise RuntimeError("this Engine was closed; make a new one to generate")
-        requests = [self.resolve(r) for r in requests]
+        requests = [self.resolve(_as_request(r)) for r in requests]
         self._warn_unknown_words([p for r in requests for p in r.prompts])
         # The data-parallel split needs enough images in the whole batch, not in each request.
         total = sum(len(r.prompts) * r.num_images_per_prompt for r in requests)
@@ -268,6 +273,16 @@ class Engine:
         if self._parallel is not None:
             self._parallel.remove()
             self._parallel = None
+
+
+def _as_request(request) -> GenerateRequest:
+    """A GenerateRequest, or a prompt (str) with every other value the model's default."""
+    if isinstance(request, str):
+        return GenerateRequest(prompt=request)
+    if not isinstance(request, GenerateRequest):
+        raise ConfigError(f"Engine.generate takes a GenerateRequest or a prompt (str), got {type(request).__name__}: "
+                          "e.g. engine.generate(GenerateRequest(prompt='a red circle', num_inference_steps=20)).")
+    return request
 
 
 @contextmanager

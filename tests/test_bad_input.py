@@ -58,6 +58,10 @@ BAD_INPUTS = {
     "data-parallel-0": (["--data-parallel-degree", "0"], "--data-parallel-degree must be"),
     "vae-overlap-negative": (["--vae-tile-overlap", "-1"], "--vae-tile-overlap must be"),
     "dtype-unknown": (["--dtype", "float8"], "argument --dtype: invalid choice"),
+    "flag-typo-suggests-the-flag": (["--num_steps", "4"], "--num_steps: did you mean --steps?"),
+    "size-not-wxh": (["--size", "64by64"], "--size '64by64' is not WxH: write width x height"),
+    "size-against-height": (["--size", "64x32", "--height", "64"], "--size 64x32 says height 32 but --height 64"),
+    "size-not-patch-multiple": (["--size", "64x36"], "height 36 cannot be split into this model's patches"),
     # the layout against the model (its config files alone)
     "cfg-without-guidance": (["--use-cfg-parallel", "--guidance-scale", "1"], "turns classifier-free guidance off"),
     "cfg-on-guidance-distilled-model": (["--model", "{tmp}/flux-dev", "--use-cfg-parallel"],
@@ -140,8 +144,9 @@ BAD_INPUTS = {
                                         "--extra", "denoise_strength=0.5", "--output", "{tmp}/x.mp4"],
                                        "video-to-video from given latents: meshdit takes no --latents"),
     # CogVideoX
-    "cogvideox-frames-not-4k+1": (["--model", "{tmp}/cogvideox", "--num-frames", "48", "--output", "{tmp}/x.mp4"],
-                                  "use k * 4 + 1 frames, e.g. --num-frames 45 or 49"),
+    "cogvideox-frames-not-4k+1": (["--model", "{tmp}/cogvideox", "--num-frames", "47", "--output", "{tmp}/x.mp4"],
+                                  "use k * 4 + 1 frames or a multiple of 8 (latent frames in pairs), e.g. "
+                                  "--num-frames 45 or 49"),
     "cogvideox-width-not-16-multiple": (["--model", "{tmp}/cogvideox", "--width", "712", "--output", "{tmp}/x.mp4"],
                                         "width 712 cannot be split into this model's patches: it must be a "
                                         "multiple of 16 (VAE factor 8 x patch 2); use --width 704 or 720"),

@@ -238,8 +238,10 @@ class ModelInfo:
         if (frames - 1) % factor and not (self.family.frames_in_latent_pairs and frames % (2 * factor) == 0):
             lower = max(1, (frames - 1) // factor * factor + 1)
             raise ConfigError(f"--num-frames {frames} cannot be encoded by this model's VAE, which compresses "
-                              f"{factor} frames into one after the first: use k * {factor} + 1 frames, e.g. "
-                              f"--num-frames {lower} or {lower + factor}.")
+                              f"{factor} frames into one after the first: use k * {factor} + 1 frames"
+                              + (f" or a multiple of {2 * factor} (latent frames in pairs)"
+                                 if self.family.frames_in_latent_pairs else "")
+                              + f", e.g. --num-frames {lower} or {lower + factor}.")
         patch = self.family.temporal_patch(self.transformer_config)
         latent = (frames - 1) // factor + 1
         if latent % patch:  # the pipeline's packing reshapes the latent frames into patches of `patch`
