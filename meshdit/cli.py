@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"meshdit: error: {exc}", file=sys.stderr)
         return 2
-    except RankFailedError as exc:
-        print(f"meshdit: error: {exc}", file=sys.stderr)
+    except RankFailedError as exc:  # on a line of its own: a failed rank's progress bar may have left its line open
+        print(f"\nmeshdit: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         from .distributed.launch import INTERRUPTED

@@ -12,7 +12,7 @@ from enum import Enum
 from .errors import ConfigError
 from .cache.settings import CacheSettings
 from .flag_spec import flag_specs, flagged
-from .lora_files import parse_lora_flag
+from .lora_files import MAX_LORA_WEIGHT, check_lora_weight, parse_lora_flag
 
 
 class MeshAxis(str, Enum):
@@ -265,8 +265,10 @@ class GenerateRequest:
         _check_texts("--prompt", self.prompts, allow_empty=False)  # a blank prompt is taken, as diffusers encodes it
         for entry in self.loras:
             if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], str)
-                    and isinstance(entry[1], (int, float)) and math.isfinite(entry[1])):
-                raise ConfigError(f"--lora: each adapter is (name or file, finite weight), got {entry!r}")
+                    and check_lora_weight(entry[1])):
+                raise ConfigError(f"--lora: each adapter is (name or file, weight), the weight a finite number in "
+                                  f"-{MAX_LORA_WEIGHT:g}..{MAX_LORA_WEIGHT:g} (larger ones overflow the image to "
+                                  f"NaN), got {entry!r}")
         if self.negative_prompt is not None:
             _check_texts("--negative-prompt", [self.negative_prompt], allow_empty=True)
         _check_int("--steps", self.num_inference_steps, 1, None, "e.g. --steps 20")

@@ -76,6 +76,7 @@ class Engine:
         self.adapters = dict(loras or {})  # name -> file
         self.adapter_experts = dict(lora_experts or {})  # name -> denoisers, where not the first alone
         self._held: set[str] = set()  # the adapters with tensors on this rank (PipeFusion: this stage's blocks)
+        self.adapter_tensors: dict[str, int] = {}  # name -> its tensors held on this rank
         self._active: tuple = ()  # the (name, weight) pairs now set
         if self.adapters:  # before any hook: a hook on a Linear layer must see its adapted output
             self._load_adapters(fp8)
@@ -226,7 +227,9 @@ class Engine:
                               self.mesh.size("pp"))
         try:
             for name, path in self.adapters.items():
-                if load_adapter(self.pipe, name, path, keep, self.adapter_experts.get(name, (FIRST_EXPERT,))):
+                count = load_adapter(self.pipe, name, path, keep, self.adapter_experts.get(name, (FIRST_EXPERT,)))
+                self.adapter_tensors[name] = count
+                if count:
                     self._held.add(name)
         except ConfigError:
             remove_adapters(self.pipe, sorted(self._held))  # nothing half-applied: the pipeline as it was loaded
@@ -234,14 +237,20 @@ class Engine:
         self._active = None  # diffusers leaves the last loaded adapter on: turn it off
         self._use_adapters(())
 
+    def active_adapters(self, request: GenerateRequest) -> tuple:
+        """The ((adapter name, weight), ...) `request` runs with."""
+        return self._adapters_of(request)
+
     def _adapters_of(self, request: GenerateRequest) -> tuple:
         """The request's ((adapter name, weight), ...), each named by name or by the file it was loaded from."""
         import os
 
         names = []
         for name_or_path, weight in request.loras:
+            given = os.path.abspath(name_or_path)  # a file, or the folder diffusers' save_lora_weights wrote
             name = name_or_path if name_or_path in self.adapters else next(
-                (n for n, p in self.adapters.items() if os.path.abspath(p) == os.path.abspath(name_or_path)), None)
+                (n for n, p in self.adapters.items() if given in (os.path.abspath(p), os.path.dirname(
+                    os.path.abspath(p)))), None)
             if name is None:
                 loaded = ", ".join(self.adapters) or "none"
                 raise ConfigError(f"LoRA adapter {name_or_path!r} is not loaded (loaded: {loaded}); load it when "

@@ -119,6 +119,13 @@ def _run(engine, requests, state: ServerState | None, batch) -> None:
         if state is not None:
             state.fail(batch, str(exc), 400)
         return
+    from ..output import non_finite_note
+
+    note = non_finite_note([r.images for r in results])  # every rank holds the gathered images: all agree
+    if note is not None:  # a blank PNG is no answer
+        if state is not None:
+            state.fail(batch, f"{note}; no image was made", 500)
+        return
     if state is not None:
         state.finish(batch, results)
 
