@@ -169,6 +169,18 @@ BAD_INPUTS = {
                                                 "takes exactly 226 text tokens"),
     "cogvideox-1.5-i2v-temporal-patch": (["--model", "{tmp}/cogvideox-1.5-i2v", "--image", "{tmp}/frame.png",
                                           "--output", "{tmp}/x.mp4"], "sets patch_size_t (CogVideoX 1.5's temporal"),
+    # LoRA flags (lora_files.py): meshdit's words, not argparse's "invalid parse_lora_flag value"
+    "lora-weight-overflows": (["--lora", "{tmp}/a.safetensors:1e309"], "the weight after ':' must be a finite "
+                              "number in -100..100, got '1e309'"),
+    "lora-weight-nan": (["--lora", "{tmp}/a.safetensors:nan"], "must be a finite number in -100..100, got 'nan'"),
+    "lora-weight-above-bound": (["--lora", "{tmp}/a.safetensors:1e30"], "in -100..100, got '1e30'"),
+    "lora-weight-not-a-number": (["--lora", "{tmp}/earlier.png:abc"], "earlier.png:abc': the weight after ':' must "
+                                 "be a finite number"),
+    "lora-hub-id-unreachable": (["--lora", "someone/no-such-lora"], "--lora 'someone/no-such-lora': no such file or "
+                                "folder here, and as a Hub id its pytorch_lora_weights.safetensors could not be "
+                                "fetched"),
+    "lora-folder-without-adapter": (["--lora", "{tmp}/folder.png"], "a folder without "
+                                    "pytorch_lora_weights.safetensors"),
     # FP8 options
     "fp8-comm-k-without-fp8-comm": (["--fp8-comm-k"], "needs --fp8-comm too"),
     "attention-backend-unknown": (["--attention-backend", "fp4"], "argument --attention-backend"),
