@@ -189,7 +189,7 @@ class GenerateRequest:
     guidance_scale: float | None = flagged(
         None, flag="guidance-scale", type=float, metavar="G",
         help=f"guidance scale, a finite number; > 1 turns classifier-free guidance on where the model uses it "
-             f"(default: the model family's, e.g. FLUX.1 3.5; {BUNDLED}: 3.0)")
+             f"(default: the pipeline's, e.g. FLUX.1-dev 3.5, FLUX.1 without a guidance embedding 1; {BUNDLED}: 3.0)")
     seed: int = flagged(
         0, flag="seed", type=int, metavar="S",
         help="random seed of the initial noise, 0..2**64-1; the same seed gives the same image on every "
