@@ -103,6 +103,10 @@ def generate_command(args) -> None:
 
         print(f"meshdit: {describe_choice(engine, prediction)}")
     warn_unknown_words(engine.model, request.prompts)
+    from .config import blank_prompts_note
+
+    if blank_prompts_note(request.prompts):
+        print(f"meshdit: warning: {blank_prompts_note(request.prompts)}", file=sys.stderr)
     num_images = len(request.prompts) * request.num_images_per_prompt
     output = args.output or ("meshdit.mp4" if info.is_video else "meshdit.png")
     check_output_writable(output, num_images)
@@ -135,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"meshdit: error: {exc}", file=sys.stderr)
         return 2
-    except RankFailedError as exc:
-        print(f"meshdit: error: {exc}", file=sys.stderr)
+    except RankFailedError as exc:  # on a line of its own: a failed rank's progress bar may have left its line open
+        print(f"\nmeshdit: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         from .distributed.launch import INTERRUPTED

@@ -12,7 +12,7 @@ from enum import Enum
 from .errors import ConfigError
 from .cache_settings import CacheSettings
 from .flag_spec import flag_specs, flagged
-from .lora_files import parse_lora_flag
+from .lora_files import MAX_LORA_WEIGHT, check_lora_weight, parse_lora_flag
 
 
 class MeshAxis(str, Enum):
@@ -159,6 +159,9 @@ class RequestDefaults:
     """Video models: frames per video (None: an image model, which takes no --num-frames)."""
     fps: int | None = None
     """Video models: frames per second the saved video plays at."""
+    guidance_without_negative_prompt: float | None = None
+    """The guidance an unset --guidance-scale takes when no --negative-prompt is given, where the pipeline runs
+    true CFG only with one (FLUX.1, Qwen-Image: 1.0, one branch, as the plain pipeline call); None: guidance_scale."""
 
 
 @dataclass
@@ -188,7 +191,7 @@ class GenerateRequest:
     guidance_scale: float | None = flagged(
         None, flag="guidance-scale", type=float, metavar="G",
         help=f"guidance scale, a finite number; > 1 turns classifier-free guidance on where the model uses it "
-             f"(default: the model family's, e.g. FLUX.1 3.5; {BUNDLED}: 3.0)")
+             f"(default: the pipeline's, e.g. FLUX.1-dev 3.5, FLUX.1 without a guidance embedding 1; {BUNDLED}: 3.0)")
     seed: int = flagged(
         0, flag="seed", type=int, metavar="S",
         help="random seed of the initial noise, 0..2**64-1; the same seed gives the same image on every "
@@ -251,7 +254,9 @@ class GenerateRequest:
             self, height=self.height if self.height is not None else defaults.height,
             width=self.width if self.width is not None else defaults.width,
             num_inference_steps=self.num_inference_steps if self.num_inference_steps is not None else defaults.steps,
-            guidance_scale=self.guidance_scale if self.guidance_scale is not None else defaults.guidance_scale,
+            guidance_scale=self.guidance_scale if self.guidance_scale is not None else
+            defaults.guidance_without_negative_prompt if self.negative_prompt is None and
+            defaults.guidance_without_negative_prompt is not None else defaults.guidance_scale,
             # an image model's defaults have no frames: a --num-frames given to it stays, and is refused
             num_frames=self.num_frames if self.num_frames is not None else defaults.num_frames,
             fps=self.fps if self.fps is not None else defaults.fps,
@@ -259,11 +264,13 @@ class GenerateRequest:
 
     def validate(self) -> None:
         """Range checks that need no model; each message names the flag and the fix."""
-        _check_texts("--prompt", self.prompts, allow_empty=False)
+        _check_texts("--prompt", self.prompts, allow_empty=False)  # a blank prompt is taken, as diffusers encodes it
         for entry in self.loras:
             if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], str)
-                    and isinstance(entry[1], (int, float)) and math.isfinite(entry[1])):
-                raise ConfigError(f"--lora: each adapter is (name or file, finite weight), got {entry!r}")
+                    and check_lora_weight(entry[1])):
+                raise ConfigError(f"--lora: each adapter is (name or file, weight), the weight a finite number in "
+                                  f"-{MAX_LORA_WEIGHT:g}..{MAX_LORA_WEIGHT:g} (larger ones overflow the image to "
+                                  f"NaN), got {entry!r}")
         if self.negative_prompt is not None:
             _check_texts("--negative-prompt", [self.negative_prompt], allow_empty=True)
         _check_int("--steps", self.num_inference_steps, 1, MAX_STEPS, "e.g. --steps 20")
@@ -303,6 +310,15 @@ def _check_int(flag: str, value, low: int, high: int | None, hint: str, allow_no
         raise ConfigError(f"{flag} {value} is out of range: it must be {bounds}; {hint}.")
 
 
+def blank_prompts_note(prompts: list) -> str | None:
+    """A blank prompt is encoded as diffusers does (unconditional generation): said once, not refused."""
+    blank = [p for p in prompts if isinstance(p, str) and not p.strip()]
+    if blank:
+        return (f"--prompt {blank[0]!r} is blank: the model draws without a text condition (unconditional "
+                "generation, as diffusers encodes an empty prompt)")
+    return None
+
+
 def _check_texts(flag: str, texts: list, allow_empty: bool) -> None:
     if not texts and not allow_empty:
         raise ConfigError(f"{flag}: no prompt given; pass --prompt TEXT or a --prompt-file with one prompt per line.")
@@ -313,5 +329,4 @@ def _check_texts(flag: str, texts: list, allow_empty: bool) -> None:
             text.encode("utf-8")
         except UnicodeEncodeError:  # undecodable argv bytes arrive as lone surrogates
             raise ConfigError(f"{flag} {text!r} is not valid UTF-8 text: pass the prompt in UTF-8.") from None
-        if not allow_empty and not text.strip():
-            raise ConfigError(f"{flag} {text!r} is blank: give the text to draw, e.g. {flag} 'a red circle'.")
+

@@ -71,12 +71,17 @@ class Engine:
         self.mesh = mesh if mesh is not None else SingleProcessMesh(pipe.transformer.device)
         self.vae = vae or VaeDecodeSettings()
         self.vae.validate()
+        if getattr(pipe, "vae", None) is not None:  # the CLI's refusal (SANA's DC-AE, ...), before any hook
+            from .vae.settings import check_vae_class
+
+            check_vae_class({**pipe.vae.config, "_class_name": type(pipe.vae).__name__}, self.vae)
         self.info = ModelInfo.from_pipeline(pipe)
         self.recipe = self.info.make_recipe(pipe)
         self.info.check_layout(self.mesh.config)  # the CLI's ConfigError, before any hook is installed
         self.adapters = dict(loras or {})  # name -> file
         self.adapter_experts = dict(lora_experts or {})  # name -> denoisers, where not the first alone
         self._held: set[str] = set()  # the adapters with tensors on this rank (PipeFusion: this stage's blocks)
+        self.adapter_tensors: dict[str, int] = {}  # name -> its tensors held on this rank
         self._active: tuple = ()  # the (name, weight) pairs now set
         if self.adapters:  # before any hook: a hook on a Linear layer must see its adapted output
             self._load_adapters(fp8)
@@ -155,9 +160,10 @@ class Engine:
         self.info.check_request(self.mesh.config, request)
 
     @torch.inference_mode()
-    def generate(self, request: GenerateRequest, output_type: str = "np", show_progress: bool = False,
+    def generate(self, request: GenerateRequest | str, output_type: str = "np", show_progress: bool = False,
                  on_step=None) -> GenerateResult:
-        """on_step(step, total) -> bool is called on every rank before each step; if it returns True on
+        """request: a GenerateRequest, or a prompt alone (every other value the model's default).
+        on_step(step, total) -> bool is called on every rank before each step; if it returns True on
         any rank, every rank stops at that step (GenerationCancelled), agreed through the mesh."""
         return self.generate_many([request], output_type, show_progress, on_step)[0]
 
@@ -171,7 +177,7 @@ class Engine:
         if output_type not in OUTPUT_TYPES:  # diffusers' "latent" would return the decoded pixels here
             raise ConfigError(f"output_type={output_type!r}: the engine returns decoded images, as one of "
                               f"{', '.join(map(repr, OUTPUT_TYPES))}; it does not keep latents (no 'latent')")
-        requests = [self.resolve(r) for r in requests]
+        requests = [self.resolve(_as_request(r)) for r in requests]
         self._warn_unknown_words([p for r in requests for p in r.prompts])
         # The data-parallel split needs enough images in the whole batch, not in each request.
         total = sum(len(r.prompts) * r.num_images_per_prompt for r in requests)
@@ -229,7 +235,9 @@ class Engine:
                               self.mesh.size("pp"))
         try:
             for name, path in self.adapters.items():
-                if load_adapter(self.pipe, name, path, keep, self.adapter_experts.get(name, (FIRST_EXPERT,))):
+                count = load_adapter(self.pipe, name, path, keep, self.adapter_experts.get(name, (FIRST_EXPERT,)))
+                self.adapter_tensors[name] = count
+                if count:
                     self._held.add(name)
         except ConfigError:
             remove_adapters(self.pipe, sorted(self._held))  # nothing half-applied: the pipeline as it was loaded
@@ -237,14 +245,20 @@ class Engine:
         self._active = None  # diffusers leaves the last loaded adapter on: turn it off
         self._use_adapters(())
 
+    def active_adapters(self, request: GenerateRequest) -> tuple:
+        """The ((adapter name, weight), ...) `request` runs with."""
+        return self._adapters_of(request)
+
     def _adapters_of(self, request: GenerateRequest) -> tuple:
         """The request's ((adapter name, weight), ...), each named by name or by the file it was loaded from."""
         import os
 
         names = []
         for name_or_path, weight in request.loras:
+            given = os.path.abspath(name_or_path)  # a file, or the folder diffusers' save_lora_weights wrote
             name = name_or_path if name_or_path in self.adapters else next(
-                (n for n, p in self.adapters.items() if os.path.abspath(p) == os.path.abspath(name_or_path)), None)
+                (n for n, p in self.adapters.items() if given in (os.path.abspath(p), os.path.dirname(
+                    os.path.abspath(p)))), None)
             if name is None:
                 loaded = ", ".join(self.adapters) or "none"
                 raise ConfigError(f"LoRA adapter {name_or_path!r} is not loaded (loaded: {loaded}); load it when "
@@ -276,6 +290,16 @@ class Engine:
         if self._parallel is not None:
             self._parallel.remove()
             self._parallel = None
+
+
+def _as_request(request) -> GenerateRequest:
+    """A GenerateRequest, or a prompt (str) with every other value the model's default."""
+    if isinstance(request, str):
+        return GenerateRequest(prompt=request)
+    if not isinstance(request, GenerateRequest):
+        raise ConfigError(f"Engine.generate takes a GenerateRequest or a prompt (str), got {type(request).__name__}: "
+                          "e.g. engine.generate(GenerateRequest(prompt='a red circle', num_inference_steps=20)).")
+    return request
 
 
 @contextmanager

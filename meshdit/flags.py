@@ -28,6 +28,37 @@ class FlagParser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$|^-(inf|infinity|nan)$",
                                                    re.IGNORECASE)
 
+    def error(self, message: str):
+        """argparse's error, with the nearest flag suggested for a mistyped one (`--num_steps`: did you mean
+        --steps?), as Python 3.14's suggest_on_error does."""
+        if message.startswith("unrecognized arguments: "):
+            hints = [hint for arg in message.split(": ", 1)[1].split() if (hint := self.suggest_flag(arg))]
+            if hints:
+                message += "; " + "; ".join(hints)
+        super().error(message)
+
+    def suggest_flag(self, typed: str) -> str | None:
+        """'did you mean --FLAG?' for an unknown `--option[=value]` near one of this command's flags, else None."""
+        import difflib
+
+        if not typed.startswith("--"):
+            return None
+        name = typed.split("=", 1)[0]
+        canonical = {}  # every spelling -> the flag's own name (its first spelling)
+        for parser in self._all_parsers():
+            for action in parser._actions:
+                for option in action.option_strings:
+                    canonical.setdefault(option, action.option_strings[0])
+        match = difflib.get_close_matches(name, canonical, n=1, cutoff=0.6)
+        return f"{name}: did you mean {canonical[match[0]]}?" if match else None
+
+    def _all_parsers(self):
+        yield self
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for parser in action.choices.values():
+                    yield from (parser._all_parsers() if isinstance(parser, FlagParser) else (parser,))
+
     def _get_option_tuples(self, option_string):
         unique, seen = [], set()
         for option_tuple in super()._get_option_tuples(option_string):
@@ -131,6 +162,10 @@ def add_request_flags(parser, skip: tuple[str, ...] = (),
     (serve takes prompts, seeds and image counts per request)."""
     group = parser.add_argument_group(title)
     add_settings_flags(group, GenerateRequest, skip)
+    if "height" not in skip:
+        flag(group, "size", default=None, metavar="WxH",
+             help="width x height in pixels, as serve's and the OpenAI API's `size`: --size 1024x768 is --width 1024 "
+                  "--height 768 (default: --height and --width)")
     if "prompt_file" not in skip:
         flag(group, "prompt-file", default=None, metavar="FILE",
              help="a UTF-8 text file with one prompt per line, blank lines skipped (default: none)")
@@ -197,7 +232,23 @@ def request_from_args(args, prompts: list[str]) -> GenerateRequest:
     extra = parse_extra(getattr(args, "extra", None))
     if args.max_sequence_length is not None:
         extra["max_sequence_length"] = args.max_sequence_length
-    return settings_from_args(GenerateRequest, args, prompt=prompts, extra=extra, cache=cache_from_args(args))
+    size = {}
+    if getattr(args, "size", None) is not None:
+        size = dict(zip(("width", "height"), parse_size(args.size)))
+        for side, value in size.items():
+            given = getattr(args, side, None)
+            if given is not None and given != value:
+                raise ConfigError(f"--size {args.size} says {side} {value} but --{side} {given}: give one of them.")
+    return settings_from_args(GenerateRequest, args, prompt=prompts, extra=extra, cache=cache_from_args(args), **size)
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """--size 'WxH' -> (width, height), as serve's `size` field and the OpenAI API write it."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text or "")
+    if not match:
+        raise ConfigError(f"--size {text!r} is not WxH: write width x height in pixels, e.g. --size 1024x768 "
+                          "(1024 wide, 768 high).")
+    return int(match.group(1)), int(match.group(2))
 
 
 def parse_extra(items: list[str] | None) -> dict:

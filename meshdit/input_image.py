@@ -44,7 +44,9 @@ def open_image(source, name: str = "--image"):
     check_image_size(image.width, image.height, name)
     try:
         image.load()
-        return ImageOps.exif_transpose(image).convert("RGB")
+        sixteen_bit = image.mode.startswith("I;16") or (image.mode == "I" and image.format == "PNG")
+        image = ImageOps.exif_transpose(image)
+        return (_to_8_bit(image) if sixteen_bit else image).convert("RGB")
     except (OSError, ValueError, SyntaxError) as exc:  # a truncated or corrupt file fails only when decoded
         raise ConfigError(f"{name}: the image file is damaged ({exc}); pass a complete PNG, JPEG or WebP.") from None
 
@@ -61,3 +63,9 @@ def check_image_size(width: int, height: int, name: str = "--image") -> None:
     if width * height > MAX_IMAGE_PIXELS:
         raise ConfigError(f"{name}: the image is {width}x{height} = {width * height} pixels, more than "
                           f"{MAX_IMAGE_PIXELS} (4096 x 4096): scale it down (the pipeline resizes it anyway).")
+
+
+def _to_8_bit(image):
+    """A 16-bit grayscale image (PIL's I;16 modes; a PNG's "I") scaled to 8 bits (65535 -> 255): PIL's convert("RGB")
+    would clip every value above 255 to white."""
+    return image.convert("I").point(lambda v: v * (1 / 257)).convert("L")

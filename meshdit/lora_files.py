@@ -8,6 +8,7 @@ formats (kohya, xlabs) are converted by diffusers when the adapter loads, and ch
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
@@ -15,6 +16,11 @@ from .config_files import read_safetensors_header
 from .errors import ConfigError
 
 SUFFIX = ".safetensors"
+DIFFUSERS_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
+"""The file diffusers' save_lora_weights writes into its folder (and load_lora_weights reads from a folder or Hub id)."""
+MAX_LORA_WEIGHT = 100.0
+"""|weight| of an adapter at most (--lora PATH:WEIGHT, serve's `loras`, the API): far beyond any useful scale, and
+below what overflows an image to NaN (1e30 does)."""
 PIPELINES_WITHOUT_LORA_LOADER = frozenset({"PixArtSigmaPipeline", "PixArtAlphaPipeline", "HunyuanDiTPipeline",
                                            "HunyuanVideo15Pipeline", "HunyuanVideo15ImageToVideoPipeline"})
 """meshdit's pipeline classes that diffusers 0.42.1 gives no load_lora_weights (tests/loading/test_lora_bad_input.py checks it against diffusers)."""
@@ -22,35 +28,93 @@ PEFT_KEY_PARTS = (".lora_A.", ".lora_B.")
 
 
 def parse_lora_flag(text: str) -> tuple[str, float]:
-    """'PATH[:WEIGHT]' -> (PATH, WEIGHT); weight 1.0 when none is given (a path may itself hold ':')."""
+    """'PATH[:WEIGHT]' -> (PATH, WEIGHT); weight 1.0 when none is given (a path may itself hold ':'). A bad weight
+    is argparse's ArgumentTypeError with meshdit's message (argparse would print any other error as "invalid
+    parse_lora_flag value")."""
+    import argparse
+
     path, sep, weight = text.rpartition(":")
-    if sep and path:
+    if not (sep and path) or os.path.exists(text):
+        return text, 1.0
+    try:
+        value = float(weight)
+    except ValueError:
+        if os.path.exists(path):  # FILE:abc: the file is there, its weight is not a number
+            raise argparse.ArgumentTypeError(weight_error(f"{path}:{weight}", weight)) from None
+        return text, 1.0
+    if not check_lora_weight(value):
+        raise argparse.ArgumentTypeError(weight_error(text, weight))
+    return path, value
+
+
+def check_lora_weight(value) -> bool:
+    """A finite number within +-MAX_LORA_WEIGHT (the one bound of the CLI, serve and the API)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and \
+        abs(value) <= MAX_LORA_WEIGHT
+
+
+def weight_error(given: str, weight) -> str:
+    return (f"--lora {given!r}: the weight after ':' must be a finite number in -{MAX_LORA_WEIGHT:g}.."
+            f"{MAX_LORA_WEIGHT:g}, got {weight!r} (larger weights overflow the image to NaN): e.g. --lora FILE:0.8")
+
+
+def adapter_file(path: str, flag: str = "--lora") -> str:
+    """The adapter file `path` names, as diffusers' load_lora_weights reads it: a .safetensors file; a folder written
+    by save_lora_weights (its pytorch_lora_weights.safetensors, else its one .safetensors file); or a Hub id (that
+    file of the repository, from the Hub or its cache)."""
+    if os.path.isfile(path):
+        return path
+    if os.path.isdir(path):
+        inside = os.path.join(path, DIFFUSERS_WEIGHT_NAME)
+        if os.path.isfile(inside):
+            return inside
+        files = sorted(f for f in os.listdir(path) if f.endswith(SUFFIX) and os.path.isfile(os.path.join(path, f)))
+        if len(files) == 1:
+            return os.path.join(path, files[0])
+        raise ConfigError(f"{flag} {path!r}: a folder without {DIFFUSERS_WEIGHT_NAME} (what diffusers' "
+                          f"save_lora_weights writes) and with {len(files) or 'no'} other .safetensors files"
+                          f"{': ' + ', '.join(files) if files else ''}: pass the adapter file itself")
+    from .config_files import _hub_file, _looks_like_path
+
+    if not _looks_like_path(path) and path.count("/") == 1:
         try:
-            value = float(weight)
-        except ValueError:
-            return text, 1.0
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ConfigError(f"--lora {text!r}: the weight after ':' must be a finite number")
-        return path, value
-    return text, 1.0
+            return _hub_file(path, DIFFUSERS_WEIGHT_NAME)
+        except ConfigError as exc:
+            raise ConfigError(f"{flag} {path!r}: no such file or folder here, and as a Hub id its "
+                              f"{DIFFUSERS_WEIGHT_NAME} could not be fetched ({str(exc).split('(', 1)[-1].split(')')[0]})"
+                              f": download it (e.g. `hf download {path}`) and pass the file, or its folder") from None
+    raise ConfigError(f"{flag} {path!r}: no such file or folder; give a LoRA .safetensors file or the folder "
+                      "diffusers' save_lora_weights wrote")
 
 
 def adapter_name(path: str) -> str:
-    """An adapter's name: its file's stem (what serve lists in /v1/models and requests name)."""
+    """An adapter's name: its file's stem, or the folder's name for diffusers' folder (what serve lists in
+    /v1/models and requests name)."""
+    path = path.rstrip("/")
+    if os.path.basename(path) == DIFFUSERS_WEIGHT_NAME:
+        path = os.path.dirname(path)
     return os.path.basename(path).removesuffix(SUFFIX)
 
 
 def adapters_in_dir(folder: str) -> dict[str, str]:
-    """--lora-dir: name -> path of every *.safetensors file in `folder`, sorted by name."""
+    """--lora-dir: name -> path of every *.safetensors file in `folder` and of every folder in it that diffusers'
+    save_lora_weights wrote (holding pytorch_lora_weights.safetensors), sorted by name."""
     if not os.path.isdir(folder):
         raise ConfigError(f"--lora-dir {folder!r} is not a folder; give a folder of *.safetensors LoRA files")
-    names = sorted(f for f in os.listdir(folder) if f.endswith(SUFFIX))
-    for stray in [f for f in names if not os.path.isfile(os.path.join(folder, f))]:  # e.g. a folder x.safetensors
-        print(f"meshdit: warning: --lora-dir {folder!r}: skipping {stray!r}, which is not a file", file=sys.stderr)
-        names.remove(stray)
-    if not names:
-        raise ConfigError(f"--lora-dir {folder!r} holds no *.safetensors LoRA file")
-    return {adapter_name(f): os.path.join(folder, f) for f in names}
+    found = {}
+    for entry in sorted(os.listdir(folder)):
+        path = os.path.join(folder, entry)
+        if os.path.isfile(path) and entry.endswith(SUFFIX):
+            found[adapter_name(entry)] = path
+        elif os.path.isdir(path) and os.path.isfile(os.path.join(path, DIFFUSERS_WEIGHT_NAME)):
+            found[adapter_name(entry)] = os.path.join(path, DIFFUSERS_WEIGHT_NAME)
+        elif entry.endswith(SUFFIX):  # e.g. a folder named x.safetensors that diffusers did not write
+            print(f"meshdit: warning: --lora-dir {folder!r}: skipping {entry!r}, which is not a LoRA file",
+                  file=sys.stderr)
+    if not found:
+        raise ConfigError(f"--lora-dir {folder!r} holds no *.safetensors LoRA file nor a folder diffusers' "
+                          f"save_lora_weights wrote ({DIFFUSERS_WEIGHT_NAME})")
+    return dict(sorted(found.items()))
 
 
 def named_adapters(paths: list[str]) -> dict[str, str]:
@@ -68,6 +132,7 @@ def adapters_for_experts(first: list[str], second: list[str]) -> tuple[tuple, tu
     """--lora files (the first denoiser, `transformer`) and --lora-2 files (Wan 2.2's second expert,
     `transformer_2`) -> (((name, path), ...), ((name, denoisers), ...) for the adapters not on the first alone).
     A file given to both is one adapter loaded into both experts."""
+    first, second = [adapter_file(p) for p in first], [adapter_file(p, "--lora-2") for p in second]
     named = named_adapters(first + second)
     given = {"transformer": {os.path.abspath(p) for p in first}, "transformer_2": {os.path.abspath(p) for p in second}}
     into = {name: tuple(expert for expert, paths in given.items() if os.path.abspath(path) in paths)
@@ -77,7 +142,10 @@ def adapters_for_experts(first: list[str], second: list[str]) -> tuple[tuple, tu
 
 def with_second_expert(loras: tuple, loras_2: list) -> tuple[tuple, tuple, tuple]:
     """generate's --lora (PATH, WEIGHT) pairs and --lora-2 pairs -> (the request's loras: every adapter once, the
-    engine's (name, path) pairs, its lora_experts). A file in both is one adapter with one weight."""
+    engine's (name, path) pairs, its lora_experts). A file in both is one adapter with one weight. Each path is
+    the adapter file it names (adapter_file: a diffusers folder, a Hub id)."""
+    loras = tuple((adapter_file(p), w) for p, w in loras)
+    loras_2 = [(adapter_file(p, "--lora-2"), w) for p, w in loras_2]
     weights = {os.path.abspath(p): (p, w) for p, w in loras}
     for path, weight in loras_2:
         given = weights.get(os.path.abspath(path))

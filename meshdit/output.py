@@ -25,6 +25,8 @@ _CAUSES = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded",
 class OutputWriteError(OSError):
     """An image could not be written; the message names the cause and says what was kept."""
 
+    says_it_all = True  # the launcher prints the message alone, without the rank's traceback
+
     def __str__(self) -> str:  # the message alone, without OSError's "[Errno 28]" prefix
         return self.strerror or super().__str__()
 
@@ -117,11 +119,41 @@ def _write_atomic(path: str, write, to_path: bool = False) -> None:
         raise
 
 
+class NonFiniteOutputError(ValueError):
+    """The generated images hold NaN or infinite values; nothing was written."""
+
+    says_it_all = True
+
+
+def non_finite_note(images) -> str | None:
+    """Why images ([N, H, W, 3] or videos [N, F, H, W, 3], arrays) holding NaN or inf are no result, else None."""
+    import numpy as np
+
+    bad = sum(int((~np.isfinite(np.asarray(image, dtype=np.float32))).sum()) for image in images)
+    if not bad:
+        return None
+    total = sum(np.asarray(image).size for image in images)
+    return (f"the generated image holds NaN or infinite values ({bad} of {total} values): likely a LoRA adapter "
+            "weight far from 1 or a damaged adapter file, a --guidance-scale far outside the model's range, or "
+            "float16 overflow (try --dtype bfloat16)")
+
+
+def check_finite(images, pattern: str) -> None:
+    """Raises NonFiniteOutputError before anything is written: an earlier file at the path stays as it was."""
+    note = non_finite_note(images)
+    if note:
+        first = pattern.replace("{i}", "0")
+        kept = f"the earlier {first} is unchanged" if os.path.exists(first) else f"{first} was not created"
+        raise NonFiniteOutputError(f"{note}; nothing was written ({kept}).")
+
+
 def save_images(images, pattern: str, start_index: int = 0) -> list[str]:
-    """images: [N, H, W, 3] float in [0, 1]. Returns the paths written (exactly as named)."""
+    """images: [N, H, W, 3] float in [0, 1]. Returns the paths written (exactly as named). Images holding NaN or
+    inf are refused before any is written (NonFiniteOutputError)."""
     import numpy as np  # here, not at the top: a refused command is checked before numpy loads
     from PIL import Image
 
+    check_finite(images, pattern)
     paths = []
     for offset, image in enumerate(images):
         path = pattern.replace("{i}", str(start_index + offset))
@@ -139,10 +171,12 @@ def save_images(images, pattern: str, start_index: int = 0) -> list[str]:
 
 def save_videos(videos, pattern: str, fps: int, start_index: int = 0) -> list[str]:
     """videos: [N, F, H, W, 3] float in [0, 1]. .mp4: H.264 (yuv420p, as players expect); .gif / .webp:
-    animated, looping; .npy: the float32 frames (F, H, W, 3). Returns the paths written."""
+    animated, looping; .npy: the float32 frames (F, H, W, 3). Returns the paths written. Videos holding NaN or inf
+    are refused before any is written (NonFiniteOutputError)."""
     import numpy as np  # here, not at the top: a refused command is checked before numpy loads
     from PIL import Image
 
+    check_finite(videos, pattern)
     paths = []
     for offset, video in enumerate(videos):
         path = pattern.replace("{i}", str(start_index + offset))

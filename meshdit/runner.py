@@ -47,6 +47,9 @@ def run_generate(job: GenerateJob) -> None:
             height, width = result.images.shape[1:3]
             what = "image(s)"
         fp8 = f" with {settings.fp8.describe()}" if settings.fp8 else ""
+        # which adapters ran, and how many of their tensors this rank loaded (PipeFusion: its stage's)
+        fp8 += "".join(f", LoRA {name} ({engine.adapter_tensors.get(name, 0)} tensors) at weight {weight:g}"
+                       for name, weight in engine.active_adapters(job.request))
         print(f"meshdit: {len(paths)} {what} height {height} x width {width}, {job.request.num_inference_steps} "
               f"steps, layout {settings.config.describe()}{fp8} on {dist.get_world_size()} rank(s) "
               f"({mesh.device.type}): {s['total']:.2f} s (prepare {s['prepare']:.2f}, denoise {s['denoise']:.2f}, "

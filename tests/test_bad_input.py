@@ -38,8 +38,6 @@ BAD_INPUTS = {
     "max-sequence-length-0": (["--max-sequence-length", "0"], "--max-sequence-length 0 is out of range"),
     "max-sequence-length-negative": (["--max-sequence-length", "-1"], "--max-sequence-length -1 is out of range"),
     "max-sequence-length-above-t5": (["--max-sequence-length", "513"], "use --max-sequence-length <= 512"),
-    "prompt-empty": (["--prompt", ""], "--prompt '' is blank"),
-    "prompt-blank": (["--prompt", "a cat", "   "], "--prompt '   ' is blank"),
     "prompt-not-utf8": (["--prompt", "caf\udce9"], "--prompt 'caf\\udce9' is not valid UTF-8"),
     "negative-prompt-not-utf8": (["--negative-prompt", "\udcff"], "--negative-prompt '\\udcff' is not valid UTF-8"),
     "prompt-file-empty": (["--prompt-file", "{tmp}/empty.txt"], "holds no prompt (it is empty or blank)"),
@@ -60,6 +58,10 @@ BAD_INPUTS = {
     "data-parallel-0": (["--data-parallel-degree", "0"], "--data-parallel-degree must be"),
     "vae-overlap-negative": (["--vae-tile-overlap", "-1"], "--vae-tile-overlap must be"),
     "dtype-unknown": (["--dtype", "float8"], "argument --dtype: invalid choice"),
+    "flag-typo-suggests-the-flag": (["--num_steps", "4"], "--num_steps: did you mean --steps?"),
+    "size-not-wxh": (["--size", "64by64"], "--size '64by64' is not WxH: write width x height"),
+    "size-against-height": (["--size", "64x32", "--height", "64"], "--size 64x32 says height 32 but --height 64"),
+    "size-not-patch-multiple": (["--size", "64x36"], "height 36 cannot be split into this model's patches"),
     # the layout against the model (its config files alone)
     "cfg-without-guidance": (["--use-cfg-parallel", "--guidance-scale", "1"], "turns classifier-free guidance off"),
     "cfg-on-guidance-distilled-model": (["--model", "{tmp}/flux-dev", "--use-cfg-parallel"],
@@ -149,8 +151,9 @@ BAD_INPUTS = {
                                         "--extra", "denoise_strength=0.5", "--output", "{tmp}/x.mp4"],
                                        "video-to-video from given latents: meshdit takes no --latents"),
     # CogVideoX
-    "cogvideox-frames-not-4k+1": (["--model", "{tmp}/cogvideox", "--num-frames", "48", "--output", "{tmp}/x.mp4"],
-                                  "use k * 4 + 1 frames, e.g. --num-frames 45 or 49"),
+    "cogvideox-frames-not-4k+1": (["--model", "{tmp}/cogvideox", "--num-frames", "47", "--output", "{tmp}/x.mp4"],
+                                  "use k * 4 + 1 frames or a multiple of 8 (latent frames in pairs), e.g. "
+                                  "--num-frames 45 or 49"),
     "cogvideox-width-not-16-multiple": (["--model", "{tmp}/cogvideox", "--width", "712", "--output", "{tmp}/x.mp4"],
                                         "width 712 cannot be split into this model's patches: it must be a "
                                         "multiple of 16 (VAE factor 8 x patch 2); use --width 704 or 720"),
@@ -184,6 +187,18 @@ BAD_INPUTS = {
     "config-heads-nan": (["--model", "{tmp}/heads-nan"], "num_attention_heads is nan;"),
     "config-vae-levels-text": (["--model", "{tmp}/vae-levels-text"], "vae/config.json: block_out_channels is 'wide'"),
     "config-json-nested-deep": (["--model", "{tmp}/nested-deep"], "nests its JSON deeper than Python's parser goes"),
+    # LoRA flags (lora_files.py): meshdit's words, not argparse's "invalid parse_lora_flag value"
+    "lora-weight-overflows": (["--lora", "{tmp}/a.safetensors:1e309"], "the weight after ':' must be a finite "
+                              "number in -100..100, got '1e309'"),
+    "lora-weight-nan": (["--lora", "{tmp}/a.safetensors:nan"], "must be a finite number in -100..100, got 'nan'"),
+    "lora-weight-above-bound": (["--lora", "{tmp}/a.safetensors:1e30"], "in -100..100, got '1e30'"),
+    "lora-weight-not-a-number": (["--lora", "{tmp}/earlier.png:abc"], "earlier.png:abc': the weight after ':' must "
+                                 "be a finite number"),
+    "lora-hub-id-unreachable": (["--lora", "someone/no-such-lora"], "--lora 'someone/no-such-lora': no such file or "
+                                "folder here, and as a Hub id its pytorch_lora_weights.safetensors could not be "
+                                "fetched"),
+    "lora-folder-without-adapter": (["--lora", "{tmp}/folder.png"], "a folder without "
+                                    "pytorch_lora_weights.safetensors"),
     # FP8 options
     "fp8-comm-k-without-fp8-comm": (["--fp8-comm-k"], "needs --fp8-comm too"),
     "attention-backend-unknown": (["--attention-backend", "fp4"], "argument --attention-backend"),

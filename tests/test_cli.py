@@ -278,7 +278,8 @@ def test_api_takes_the_same_defaults_as_the_cli(tiny_flux_dir, capfd):
     assert image.shape == (1, 256, 256, 3)  # not diffusers' 1024 x 1024
     tiny = Engine(tiny_pipeline("flux")).resolve(GenerateRequest(prompt=prompt))
     assert tiny == _cli_request(["--model", tiny_flux_dir, "--prompt", prompt[0]])
-    assert (tiny.num_inference_steps, tiny.guidance_scale, tiny.extra["max_sequence_length"]) == (28, 3.5, 512)
+    # tiny FLUX.1 has no guidance embedding: its guidance is true_cfg_scale, 1 by default (one branch, as diffusers)
+    assert (tiny.num_inference_steps, tiny.guidance_scale, tiny.extra["max_sequence_length"]) == (28, 1.0, 512)
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
@@ -299,6 +300,11 @@ def test_registry_defaults_equal_diffusers(family):
             assert "guidance_scale" not in call and family.default_guidance == scale, pipeline_class
         else:
             assert family.default_guidance_for(pipeline_class) == call[family.guidance_argument].default, pipeline_class
+        if family.undistilled_guidance_argument:  # FLUX.1 without a guidance embedding: true_cfg_scale
+            assert family.default_guidance_for(pipeline_class, {}) == \
+                call[family.undistilled_guidance_argument].default, pipeline_class
+        if family.true_cfg_needs_negative_prompt:  # do_true_cfg needs one: its default is None
+            assert call["negative_prompt"].default is None, pipeline_class
         # (no height / width: HunyuanVideo 1.5 I2V takes the bucket of its image, meshdit the config's bucket below)
         size = (call["height"].default, call["width"].default) if "height" in call else None
         frames = call.get("num_frames")
@@ -316,6 +322,8 @@ def test_registry_defaults_equal_diffusers(family):
             init = inspect.signature(getattr(diffusers, family.transformer_class).__init__).parameters
             size = (init["sample_height"].default * 8, init["sample_width"].default * 8)
             frames = init["sample_frames"].default
+        if "max_area" in call:  # FLUX.1 Kontext scales any size to max_area at its aspect ratio: square by default
+            size = (round(call["max_area"].default ** 0.5),) * 2
         if family.default_pixel_size:
             assert family.default_pixel_size == size, pipeline_class
         if family.is_video:  # (fps is no pipeline argument but LTX's frame_rate: else the docs' export fps)

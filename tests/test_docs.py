@@ -148,3 +148,10 @@ def test_serving_curl_example_never_overwrites_an_earlier_image(tmp_path):
     assert run().returncode == 0 and (tmp_path / name).read_bytes() == b"the new image"
     (tmp_path / name).write_bytes(b"an earlier image")
     assert run().returncode != 0 and (tmp_path / name).read_bytes() == b"an earlier image"
+
+
+def test_readme_install_starts_with_a_virtual_environment():
+    """A newcomer following the README installs into a venv of their own, not the system's Python."""
+    install = README.read_text().split("## Install and first image", 1)[1]
+    first_block = re.findall(r"^```bash\n(.*?)^```", install, re.S | re.M)[0].splitlines()
+    assert first_block[0] == "python -m venv .venv && . .venv/bin/activate", first_block

@@ -108,7 +108,31 @@ def _fill(folder: str) -> str:
             f"head -c 1048576 /dev/zero > {folder}/filler 2>/dev/null || true\n")
 
 
+def _hidden_by_mounts(folders: list[str], needed: list[str]) -> list[str]:
+    """Of the paths a command needs, those a mount over one of `folders` would hide."""
+    hidden = []
+    for path in needed:
+        real = os.path.realpath(path)
+        if any(real == f or real.startswith(f.rstrip("/") + "/") for f in map(os.path.realpath, folders)):
+            hidden.append(path)
+    return hidden
+
+
+def _interpreter_paths() -> list[str]:
+    """What `python -m meshdit` needs to start: the interpreter, its environment, the checkout, its imports."""
+    return [sys.executable, sys.prefix, sys.base_prefix, str(ROOT)] + [p for p in sys.path if p and os.path.isdir(p)]
+
+
+def test_a_venv_under_tmp_is_named_as_hidden_by_the_tmp_mount():
+    assert _hidden_by_mounts(["/tmp", "/var/tmp"], ["/tmp/venv/bin/python", "/usr/bin/python3", "/tmpx/lib",
+                                                    "/var/tmp/site"]) == ["/tmp/venv/bin/python", "/var/tmp/site"]
+
+
 def test_cli_with_tmp_and_var_tmp_full_names_them_before_ranks_start(tmp_path):
+    hidden = _hidden_by_mounts(["/tmp", "/var/tmp"], _interpreter_paths())
+    if hidden:  # the test mounts over /tmp and /var/tmp: the interpreter would vanish with them
+        pytest.skip(f"the Python environment lives under /tmp or /var/tmp ({hidden[0]}), which this test mounts "
+                    "over; run it from an environment elsewhere")
     proc = _in_private_mounts(  # the output goes into the full /tmp of the namespace: it is refused before
         _fill("/tmp") + _fill("/var/tmp") +
         f"cd /tmp\nexport TMPDIR=/var/tmp\n{sys.executable} -m meshdit generate --output /tmp/x.png\n", tmp_path,
@@ -134,7 +158,7 @@ def test_cli_output_on_a_full_disk_says_so_and_keeps_the_earlier_file(tmp_path):
     assert (f"rank 0 failed: OutputWriteError: cannot write {disk}/out.npy: disk full (ENOSPC: No space left on "
             "device") in proc.stderr, proc.stderr
     assert f"the earlier {disk}/out.npy is unchanged; free space on the file system of {disk}" in proc.stderr
-    assert "[Errno" not in proc.stderr
+    assert "[Errno" not in proc.stderr and "Traceback" not in proc.stderr  # the message alone says it all
     listing = proc.stdout.split("status=1\n", 1)[1]
     assert listing.split() == ["earlier", ".", "..", "filler", "out.npy"], proc.stdout   # no partial file left
     # torch's compile cache folder (made by torch itself, kept between runs) is the only thing there

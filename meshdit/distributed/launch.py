@@ -160,7 +160,10 @@ def _summary(exc: BaseException) -> str:
 
 
 def _traceback(exc: BaseException) -> str:
-    """This exception's own traceback: one, even when it was raised from another (its message says why)."""
+    """This exception's own traceback: one, even when it was raised from another (its message says why); none for
+    an error whose message says all a user can act on (`says_it_all`: a full disk, a NaN image)."""
+    if getattr(exc, "says_it_all", False):
+        return ""
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, chain=False)).rstrip()
 
 
@@ -174,7 +177,7 @@ def _run_in_process(entry: Callable[[Any], None], payload: Any) -> None:
     except (KeyboardInterrupt, SystemExit, RankFailedError):
         raise
     except BaseException as exc:  # noqa: BLE001 - reported once, wrapped, by the cli
-        raise RankFailedError(f"rank {rank} failed: {_summary(exc)}\n{_traceback(exc)}") from None
+        raise RankFailedError(f"rank {rank} failed: {_summary(exc)}\n{_traceback(exc)}".rstrip()) from None
     finally:
         teardown_distributed()
         sys.stdout.flush()

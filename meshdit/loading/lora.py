@@ -44,11 +44,11 @@ def diffusers_version() -> str:
 
 
 def load_adapter(pipe, name: str, path: str, keep: Callable[[str], bool] | None = None,
-                 experts: tuple[str, ...] = (FIRST_EXPERT,)) -> bool:
+                 experts: tuple[str, ...] = (FIRST_EXPERT,)) -> int:
     """Loads the adapter file `path` as `name` into the denoisers `experts` ("transformer", and Wan 2.2's second
     expert "transformer_2": diffusers' load_into_transformer_2; the file's tensors are named `transformer.*` for
     either). keep(transformer tensor name): False drops a tensor (another PipeFusion stage's block; both experts are
-    cut alike). Returns False when nothing of it is held here (every tensor another stage's).
+    cut alike). Returns how many of its tensors are held here: 0 when none (every tensor another stage's).
     A failed load leaves the pipeline as it was (no half-applied adapter) and raises ConfigError naming the file."""
     check_pipeline_takes_lora(pipe)
     for expert in experts:
@@ -61,11 +61,12 @@ def load_adapter(pipe, name: str, path: str, keep: Callable[[str], bool] | None 
             state = state[0]
     except Exception as exc:  # diffusers raises ValueError, OSError, safetensors' own errors
         raise ConfigError(f"--lora {path!r}: cannot read the adapter: {exc}") from None
+    check_finite(state, path)
     if keep is not None:
         state = {k: v for k, v in state.items()
                  if not k.startswith(TRANSFORMER_PREFIX) or keep(k.removeprefix(TRANSFORMER_PREFIX))}
     if not state:
-        return False
+        return 0
     for expert in experts:
         check_fits(getattr(pipe, expert), state, path)
     before = list_adapters(pipe)
@@ -77,7 +78,17 @@ def load_adapter(pipe, name: str, path: str, keep: Callable[[str], bool] | None 
     except Exception as exc:
         remove_adapters(pipe, [name] if name not in before else [])
         raise ConfigError(f"--lora {path!r}: diffusers could not load it into {type(pipe).__name__}: {exc}") from None
-    return True
+    return len(state)
+
+
+def check_finite(state: dict, path: str) -> None:
+    """An adapter tensor holding NaN or inf would turn every image it touches into NaN: refused, naming it."""
+    import torch
+
+    for key, tensor in state.items():
+        if torch.is_tensor(tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ConfigError(f"--lora {path!r}: tensor {key!r} holds NaN or infinite values, which would turn the "
+                              "image into NaN: this adapter file is damaged (retrain or re-export it)")
 
 
 def check_fits(transformer, state: dict, path: str) -> None:

@@ -82,10 +82,28 @@ class ModelInfo:
         by_config = self.family.default_pixel_size_by_config
         if by_config and self.transformer_config.get(by_config[0]) in by_config[1]:
             return tuple(by_config[1][self.transformer_config[by_config[0]]])
+        from_config = self.family.default_size_from_config
+        if from_config and all(self.transformer_config.get(key) for key in from_config[:2]):
+            return tuple(int(self.transformer_config[key]) * self.vae_scale_factor for key in from_config[:2])
         if self.family.default_pixel_size:
             return self.family.default_pixel_size
         latent = self.family.default_sample_size or int(self.transformer_config["sample_size"])
-        return latent * self.vae_scale_factor, latent * self.vae_scale_factor
+        side = latent * self.vae_scale_factor
+        if latent in self.family.square_bin_by_sample_size and not self.family.default_sample_size:
+            side = self.family.square_bin_by_sample_size[latent]
+        if self.family.standard_square_sides:  # the pipeline bins it: the standard square side nearest in area
+            side = min(self.family.standard_square_sides, key=lambda s: abs(s * s - side * side))
+        return side, side
+
+    @property
+    def default_num_frames(self) -> int | None:
+        """The pipeline's default frames: its __call__ default, or the transformer config's (CogVideoX's
+        sample_frames, where __call__ leaves it None)."""
+        from_config = self.family.default_size_from_config
+        if from_config and self.transformer_config.get(from_config[2]) and \
+                self.pipeline_class == self.family.pipeline_classes[0]:
+            return int(self.transformer_config[from_config[2]])
+        return self.family.default_num_frames
 
     @classmethod
     def from_pipeline(cls, pipe) -> "ModelInfo":
@@ -150,11 +168,14 @@ class ModelInfo:
             return RequestDefaults(bundled.DEFAULT_HEIGHT, bundled.DEFAULT_WIDTH, bundled.DEFAULT_STEPS,
                                    bundled.DEFAULT_GUIDANCE, bundled.DEFAULT_MAX_SEQUENCE_LENGTH)
         family = self.family
-        guidance = family.default_guidance_for(self.pipeline_class) if self.guider_scale is None else \
-            float(self.guider_scale)
+        guidance = family.default_guidance_for(self.pipeline_class, self.transformer_config) \
+            if self.guider_scale is None else float(self.guider_scale)
         text = family.fixed_text_length(self.transformer_config) or family.max_sequence_length_for(self.pipeline_class)
-        return RequestDefaults(*self.default_size, family.default_steps, guidance, text, family.default_num_frames,
-                               family.default_fps)
+        # FLUX.1 and Qwen-Image run true CFG only with a negative prompt: without one, one branch (do_true_cfg)
+        alone = 1.0 if family.true_cfg_needs_negative_prompt and not family.is_guidance_distilled(
+            self.transformer_config) else None
+        return RequestDefaults(*self.default_size, family.default_steps, guidance, text, self.default_num_frames,
+                               family.default_fps, alone)
 
     def make_recipe(self, pipe):
         """The family's recipe for `pipe`, filling unset request values from this model's defaults."""
@@ -243,11 +264,13 @@ class ModelInfo:
             return
         factor = self.vae_temporal_factor
         frames = request.num_frames
-        if (frames - 1) % factor:
+        if (frames - 1) % factor and not (self.family.frames_in_latent_pairs and frames % (2 * factor) == 0):
             lower = max(1, (frames - 1) // factor * factor + 1)
             raise ConfigError(f"--num-frames {frames} cannot be encoded by this model's VAE, which compresses "
-                              f"{factor} frames into one after the first: use k * {factor} + 1 frames, e.g. "
-                              f"--num-frames {lower} or {lower + factor}.")
+                              f"{factor} frames into one after the first: use k * {factor} + 1 frames"
+                              + (f" or a multiple of {2 * factor} (latent frames in pairs)"
+                                 if self.family.frames_in_latent_pairs else "")
+                              + f", e.g. --num-frames {lower} or {lower + factor}.")
         patch = self.family.temporal_patch(self.transformer_config)
         latent = (frames - 1) // factor + 1
         if latent % patch:  # the pipeline's packing reshapes the latent frames into patches of `patch`
@@ -293,7 +316,11 @@ class ModelInfo:
         """Whether a generation runs two guidance branches (cond and uncond) per step."""
         if self.family.is_guidance_distilled(self.transformer_config):
             return False
-        scale = self.request_defaults().guidance_scale if guidance_scale is None else guidance_scale
+        if guidance_scale is None:  # a request's default, which gives no negative prompt
+            defaults = self.request_defaults()
+            guidance_scale = defaults.guidance_scale if defaults.guidance_without_negative_prompt is None else \
+                defaults.guidance_without_negative_prompt
+        scale = guidance_scale
         return scale > 1
 
     def latent_frames(self, num_frames: int | None) -> int:

@@ -51,12 +51,29 @@ class ModelFamily:
     diffusers' general ones (models/info.NOISE_DRAWING_SCHEDULERS)."""
     default_sample_size: int | None = None
     """Latent size the pipeline defaults to; None: the transformer config's sample_size."""
+    default_size_from_config: tuple[str, str, str] | None = None
+    """(height key, width key, frames key) of the transformer config the pipeline derives its default size (x the
+    VAE's spatial factor) and frames from (CogVideoX: sample_height, sample_width, sample_frames)."""
+    standard_square_sides: tuple[int, ...] = ()
+    """A pipeline that bins its default square size to the nearest standard one (HunyuanDiT's SUPPORTED_SHAPE
+    squares: 1024, 1280): the default is the closest of these sides."""
+    square_bin_by_sample_size: dict[int, int] = field(default_factory=dict)
+    """A pipeline that bins its size by the transformer's sample_size (SANA's use_resolution_binning: the 1:1 entry
+    of ASPECT_RATIO_{512,1024,2048,4096}_BIN): the default side for each sample_size."""
     guidance_argument: str = "guidance_scale"
     """The pipeline __call__ argument --guidance-scale stands for, whose default is default_guidance (Qwen-Image:
     true_cfg_scale; its guidance_scale is for guidance-distilled models only)."""
     guidance_distilled: bool | str = False
     """The model embeds the guidance scale and has no negative branch: True for every model of the
     family, or the transformer config key that says so (FLUX.1: guidance_embeds, true for -dev)."""
+    undistilled_guidance_argument: str | None = None
+    """Where guidance_distilled is a config key: the __call__ argument --guidance-scale stands for on a model that
+    is not distilled (FLUX.1 schnell-like: true_cfg_scale, whose default then is the default guidance)."""
+    default_undistilled_guidance: float = 1.0
+    """That argument's __call__ default (FluxPipeline's true_cfg_scale: 1.0; tests/test_cli.py checks it)."""
+    true_cfg_needs_negative_prompt: bool = False
+    """The pipeline runs true CFG only when a negative prompt is given (FLUX.1, Kontext, Qwen-Image: do_true_cfg):
+    an unset --guidance-scale without --negative-prompt is 1.0, one branch, as the plain pipeline call."""
     default_pixel_size: tuple[int, int] | None = None
     """(height, width) in pixels where the pipeline's default is not square (Wan: 480 x 832)."""
     fixed_size_key: str | None = None
@@ -77,6 +94,9 @@ class ModelFamily:
     """The VAE config key holding its temporal compression: frame counts must be k * factor + 1."""
     image_to_video_pipelines: tuple[str, ...] = ()
     """Pipelines of the family that animate an --image (the others refuse one)."""
+    frames_in_latent_pairs: bool = False
+    """The VAE decodes an even count L of latent frames to 4L frames (CogVideoX's pairs of latent frames): 8k
+    frames are taken besides k * factor + 1 (diffusers' own CogVideoX test input: 8 frames)."""
     # -- image inputs of image families --
     image_edit_pipelines: tuple[str, ...] = ()
     """Image families: pipelines that take an --image to edit or condition on (Qwen-Image-Edit, FLUX.1 Kontext);
@@ -118,8 +138,19 @@ class ModelFamily:
     def max_sequence_length_for(self, pipeline_class: str) -> int:
         return self.max_sequence_length_by_pipeline.get(pipeline_class, self.default_max_sequence_length)
 
-    def default_guidance_for(self, pipeline_class: str) -> float:
+    def default_guidance_for(self, pipeline_class: str, transformer_config: dict | None = None) -> float:
+        """The default of the __call__ argument --guidance-scale stands for (guidance_argument_for)."""
+        if self.guidance_argument_for(transformer_config) != self.guidance_argument:
+            return self.default_undistilled_guidance  # FLUX.1 without a guidance embedding: true_cfg_scale's
         return self.default_guidance_by_pipeline.get(pipeline_class, self.default_guidance)
+
+    def guidance_argument_for(self, transformer_config: dict | None = None) -> str:
+        """The pipeline __call__ argument --guidance-scale stands for on this transformer (FLUX.1: guidance_scale on
+        a guidance-distilled model, true_cfg_scale on one that is not)."""
+        if self.undistilled_guidance_argument and transformer_config is not None and \
+                not self.is_guidance_distilled(transformer_config):
+            return self.undistilled_guidance_argument
+        return self.guidance_argument
 
     def plan(self):
         """The transformer's ModelPlan (imports the family module, and so torch)."""
@@ -181,6 +212,7 @@ FAMILIES = (
     ModelFamily("flux", "FluxTransformer2DModel", ("FluxPipeline",), "meshdit.models.flux", packed=True,
                 default_steps=28, default_guidance=3.5, default_max_sequence_length=512,
                 max_sequence_length_limit=512, default_sample_size=128, guidance_distilled="guidance_embeds",
+                undistilled_guidance_argument="true_cfg_scale", true_cfg_needs_negative_prompt=True,
                 tensor_parallel=True, tiny_module="meshdit.models.tiny.flux"),
     # FLUX.1 Kontext: FLUX.1's transformer (so its plan), a reference image's tokens after the noise tokens. A row of
     # its own, not a pipeline of FLUX.1's, because the recipe differs and the parametrised tests run each row's
@@ -189,8 +221,10 @@ FAMILIES = (
     ModelFamily("kontext", "FluxTransformer2DModel", ("FluxKontextPipeline",), "meshdit.models.kontext",
                 packed=True, default_steps=28, default_guidance=3.5, default_max_sequence_length=512,
                 max_sequence_length_limit=512, default_sample_size=128, guidance_distilled="guidance_embeds",
+                undistilled_guidance_argument="true_cfg_scale", true_cfg_needs_negative_prompt=True,
                 tensor_parallel=True, image_edit_pipelines=("FluxKontextPipeline",),
                 image_optional_pipelines=("FluxKontextPipeline",), call_arguments=("_auto_resize",),
+                default_pixel_size=(1024, 1024),  # its size scaled to max_area (1024**2) at the aspect ratio
                 tiny_module="meshdit.models.tiny.kontext"),
     ModelFamily("flux2", "Flux2Transformer2DModel", ("Flux2Pipeline",), "meshdit.models.flux2", packed=True,
                 default_steps=50, default_guidance=4.0, default_max_sequence_length=512, default_sample_size=128,
@@ -217,13 +251,14 @@ FAMILIES = (
                 tensor_parallel=True, tiny_module="meshdit.models.tiny.pixart"),
     ModelFamily("hunyuandit", "HunyuanDiT2DModel", ("HunyuanDiTPipeline",), "meshdit.models.hunyuandit",
                 packed=False, default_steps=50, default_guidance=5.0, default_max_sequence_length=256,
-                max_sequence_length_fixed=True,
+                max_sequence_length_fixed=True, standard_square_sides=(1024, 1280),
                 tensor_parallel=True, tiny_module="meshdit.models.tiny.hunyuandit"),
     # SANA: linear self-attention (its K.V summary exchanged), Gemma text through cross-attention, latents split
     # by whole rows for the Mix-FFN's 3x3 conv; defaults are SanaPipeline.__call__'s (1024 px from sample_size 32
     # and the DC-AE's factor 32).
     ModelFamily("sana", "SanaTransformer2DModel", ("SanaPipeline",), "meshdit.models.sana", packed=False,
                 default_steps=20, default_guidance=4.5, default_max_sequence_length=300, sequence_rows=True,
+                square_bin_by_sample_size={16: 512, 32: 1024, 64: 2048, 128: 4096},
                 call_arguments=("complex_human_instruction",), tiny_module="meshdit.models.tiny.sana"),
     # Wan 2.1 / 2.2 (a WanPipeline with transformer_2 and boundary_ratio: two experts; Wan 2.2 TI2V-5B:
     # expand_timesteps, a timestep per token, split with the tokens). UMT5 text goes in through cross-attention
@@ -265,6 +300,7 @@ FAMILIES = (
                                                                  ("use_learned_positional_embeddings", True)),
                 fixed_text_length_key="max_text_seq_length", noise_drawing_schedulers=("CogVideoXDPMScheduler",),
                 default_pixel_size=(480, 720), fixed_size_key="use_learned_positional_embeddings",
+                default_size_from_config=("sample_height", "sample_width", "sample_frames"), frames_in_latent_pairs=True,
                 default_num_frames=49, default_fps=8, vae_temporal_factor_key="temporal_compression_ratio",
                 image_to_video_pipelines=("CogVideoXImageToVideoPipeline",),
                 refused_transformer_config={
@@ -307,7 +343,8 @@ FAMILIES = (
     ModelFamily("qwenimage", "QwenImageTransformer2DModel", ("QwenImagePipeline", "QwenImageEditPipeline"),
                 "meshdit.models.qwenimage", packed=True, default_steps=50, default_guidance=4.0,
                 default_max_sequence_length=512, max_sequence_length_limit=1024, default_sample_size=128,
-                guidance_argument="true_cfg_scale", image_edit_pipelines=("QwenImageEditPipeline",),
+                guidance_argument="true_cfg_scale", true_cfg_needs_negative_prompt=True,
+                image_edit_pipelines=("QwenImageEditPipeline",),
                 image_tokens_after_grid_pipelines=("QwenImageEditPipeline",),
                 tensor_parallel=True,
                 refused_transformer_config={

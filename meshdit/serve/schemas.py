@@ -5,6 +5,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
+from ..lora_files import MAX_LORA_WEIGHT
+
 MAX_PROMPT_CHARS = 2000  # longer prompts are refused before tokenizing; the tokenizer limit is checked after
 
 
@@ -29,7 +31,7 @@ class LoraChoice(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: StrictStr = Field(min_length=1, max_length=200)
-    weight: StrictFloat | StrictInt = Field(default=1.0, ge=-100, le=100)
+    weight: StrictFloat | StrictInt = Field(default=1.0, ge=-MAX_LORA_WEIGHT, le=MAX_LORA_WEIGHT)
 
 
 class ImageRequest(BaseModel):

@@ -144,6 +144,10 @@ class ServerState:
             raise BadRequest("n", f"n={body.n}: the layout has {s.config.data_parallel_degree} data-parallel groups "
                                   f"and needs at least that many images per request")
         scale = defaults.guidance_scale if body.guidance_scale is None else float(body.guidance_scale)
+        model = self.info.request_defaults()
+        if body.guidance_scale is None and body.negative_prompt is not None and \
+                model.guidance_without_negative_prompt == scale:  # FLUX.1, Qwen-Image: true CFG's own default
+            scale = model.guidance_scale
         if body.negative_prompt is not None and not self.info.runs_cfg(scale):
             raise BadRequest("negative_prompt", "negative_prompt is unused by this model at this guidance_scale "
                                                 "(no classifier-free guidance): remove it")

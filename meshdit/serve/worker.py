@@ -162,8 +162,15 @@ def _run(engine, requests, state: ServerState | None, batch, outcome: "Outcome")
             log.error("the request failed on every rank (the server keeps serving): %s", message.splitlines()[0])
         state.fail(batch, message if status == 400 else
                    f"the model failed on this request: {message.splitlines()[0][:500]}", status)
-    elif cancelled is not None:
+        return
+    if cancelled is not None:
         state.stopped(batch, cancelled)
+        return
+    from ..output import non_finite_note
+
+    note = non_finite_note([r.images for r in results])  # only the output rank reads it: no rank must agree
+    if note is not None:  # a blank PNG is no answer
+        state.fail(batch, f"{note}; no image was made", 500)
     else:
         state.finish(batch, results)
 

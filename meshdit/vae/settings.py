@@ -97,8 +97,20 @@ def check_vae_config(vae_config: dict, settings: VaeDecodeSettings, height: int,
 
     A plain decode (neither parallel nor tiled) runs diffusers' own vae.decode: nothing to check.
     """
-    if not (settings.parallel or settings.tiled):
+    scale = check_vae_class(vae_config, settings)
+    if scale is None:
         return
+    for name, value in (("--height", height), ("--width", width)):
+        if value % scale:
+            raise ConfigError(f"{name} {value} is not a multiple of the VAE's upsampling factor {scale}: "
+                              f"use {max(scale, value // scale * scale)} or {(value // scale + 1) * scale}.")
+
+
+def check_vae_class(vae_config: dict, settings: VaeDecodeSettings) -> int | None:
+    """The size-free part of check_vae_config (the CLI's, and the Python API's Engine before any decode): the VAE's
+    class and `settings` against it. Returns the VAE's upsampling factor (None: a plain decode, nothing checked)."""
+    if not (settings.parallel or settings.tiled):
+        return None
     what = "--use-parallel-vae" if settings.parallel else "--vae-tile-height/--vae-tile-width"
     plain = "run without --use-parallel-vae and the --vae-tile-* flags (diffusers' own decode)"
     cls = vae_config.get("_class_name")
@@ -116,10 +128,7 @@ def check_vae_config(vae_config: dict, settings: VaeDecodeSettings, height: int,
     else:
         scale = _image_checks(vae_config, settings, plain)
     settings.validate(scale)
-    for name, value in (("--height", height), ("--width", width)):
-        if value % scale:
-            raise ConfigError(f"{name} {value} is not a multiple of the VAE's upsampling factor {scale}: "
-                              f"use {max(scale, value // scale * scale)} or {(value // scale + 1) * scale}.")
+    return scale
 
 
 def video_spatial_scale(vae_config: dict) -> int:
