@@ -270,6 +270,33 @@ class Engine:
                 return torch.stack(sampler.log_probs, 1)
             return self._parallel.collect(sampler.recorded(), trajectory.num_images)["log_probs"]
 
+    def update_weights(self, weights, adapter: str | None = None, denoiser: str = "transformer") -> int:
+        """New weights for the transformer without a restart: a state dict, a .safetensors path or an iterable of
+        (name, tensor), whole tensors named as in the transformer's state dict. Each rank keeps its layout (its
+        PipeFusion stage, tp shards, FP8 form, dtypes: meshdit/rl/weights.py), and generation then equals a fresh
+        engine loaded with those weights, bit for bit. adapter: the tensors are a LoRA file's for that loaded
+        adapter (the base weights stay). denoiser: "transformer_2" for Wan 2.2's second expert. Returns the tensors
+        this rank holds of them. NOTE: every rank of the mesh calls it with the same weights."""
+        from .rl.weights import named_tensors, update_transformer
+
+        if self._parallel is None:
+            raise RuntimeError("this Engine was closed; make a new one")
+        if self._parallel.offload:
+            raise ConfigError("update_weights with --offload blocks: the offload keeps its own copies of the blocks' "
+                              "weights; build the engine without offload.")
+        if adapter is not None and adapter not in self.adapters:
+            raise ConfigError(f"update_weights(adapter={adapter!r}): no such adapter is loaded (loaded: "
+                              f"{', '.join(self.adapters) or 'none'}); load it when the engine is built (loras=...).")
+        transformer = getattr(self.pipe, denoiser, None)
+        if transformer is None or transformer not in self._parallel.denoisers:
+            raise ConfigError(f"update_weights(denoiser={denoiser!r}): this pipeline has no such denoiser.")
+        if adapter is not None and adapter not in self._held:
+            return 0  # PipeFusion: none of this adapter's tensors are on this stage
+        tensor_parallel = self._parallel.tensor_parallel[self._parallel.denoisers.index(transformer)]
+        with torch.no_grad():
+            return update_transformer(transformer, named_tensors(weights), tensor_parallel,
+                                      self.info.family.plan().stages, adapter)
+
     def _load_adapters(self, fp8) -> None:
         from .loading.lora import (FIRST_EXPERT, check_linears_not_quantized, check_pipeline_takes_lora, load_adapter,
                                    remove_adapters)

@@ -33,11 +33,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("quant", ("quant",)),
     ("attention", ("attention",)),
     ("parallel", ("parallel",)),
-    ("denoising, vae, cache", ("denoising", "vae", "cache")),
+    ("denoising, vae, cache", ("denoising", "vae", "cache", "rl")),
     ("models", ("models",)),
     ("combine, loading", ("combine", "loading")),
     ("engine", ("engine",)),
-    ("runner", ("runner", "rank", "prelaunch")),
+    ("runner", ("runner", "rank", "prelaunch", "rl.worker")),
     ("entry points", ("", "__main__", "cli", "serve", "testing", "planner.command", "planner.calibrate")),
 )
 # The settings layer is what the checks before any rank starts read: importing it must not import torch.

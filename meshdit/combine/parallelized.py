@@ -30,6 +30,8 @@ class Parallelized:
     stage_plan: object = None  # the plan's StagePlan: the block lists a request's step cache hooks
     denoisers: list = field(default_factory=list)  # the transformers the plan applies to (parallelize.denoisers)
     cache_report: object = None  # meshdit.cache.run.CacheReport of the last denoise() whose request cached
+    tensor_parallel: list = field(default_factory=list)  # per denoiser: parallel.tensor.TensorParallel, or None
+    offload: str | None = None  # "blocks": the blocks' weights wait in host memory (parallel/offload.py)
 
     def share(self, recipe, state):
         return data.share(recipe, state, self.mesh)
