@@ -38,7 +38,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("combine, loading", ("combine", "loading")),
     ("engine", ("engine",)),
     ("runner", ("runner", "rank", "prelaunch", "rl.worker")),
-    ("entry points", ("", "__main__", "cli", "serve", "testing", "planner.command", "planner.calibrate")),
+    ("entry points", ("", "__main__", "cli", "serve", "testing", "planner.command", "planner.calibrate",
+                      "rl.example")),
 )
 # The settings layer is what the checks before any rank starts read: importing it must not import torch.
 TORCH_FREE_LAYER = "settings"
