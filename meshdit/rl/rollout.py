@@ -20,10 +20,12 @@ def check_sampler(requests: list, scheduler_class: str, recipe: Recipe, config) 
     request = requests[0]
     if request.sampler is None:
         return
-    if scheduler_class not in FLOW_SCHEDULERS or type(recipe).step is not Recipe.step:
+    if scheduler_class not in FLOW_SCHEDULERS:
         raise ConfigError(f"sampler={request.sampler!r} takes a flow-matching Euler scheduler ({', '.join(FLOW_SCHEDULERS)})"
-                          f" stepped as diffusers does; this model's is {scheduler_class or 'unknown'}"
-                          f"{'' if type(recipe).step is Recipe.step else ' with a step of its own'}: drop sampler=.")
+                          f"; this model's is {scheduler_class or 'unknown'}: drop sampler=.")
+    if type(recipe).step is not Recipe.step:
+        raise ConfigError(f"sampler={request.sampler!r} replaces the scheduler's plain step, but this family's recipe "
+                          f"({type(recipe).__name__}) steps with arguments of its own: drop sampler=.")
     steps = request.num_inference_steps
     if config.pipefusion_parallel_degree > 1 and request.warmup_steps < steps:
         raise ConfigError(f"sampler={request.sampler!r} under PipeFusion steps the whole image: set warmup_steps to "

@@ -39,3 +39,18 @@ def rollout(name: str, degrees: dict, samples, replay: bool = True):
         return trajectory.latents.cpu(), trajectory.noise.cpu(), trajectory.log_probs.cpu(), again
     finally:
         engine.close()
+
+
+def group_rollout(name: str, degrees: dict, prompts, group: int, seed: int):
+    """RolloutWorker.rollout of `group` samples per prompt -> (latents, noise, log_probs, prompts, seeds)."""
+    from meshdit.rl.worker import RolloutWorker
+
+    engine, settings = engine_for(name, degrees)
+    fields = {k: v for k, v in vars(rl_request(name, "", 0, **settings)).items()
+              if k not in ("prompt", "seed", "sampler", "noise_level", "return_trajectory")}
+    try:
+        out = RolloutWorker(engine).rollout(prompts, group, seed=seed, **fields)
+    finally:
+        engine.close()
+    t = out.trajectory
+    return t.latents.cpu(), t.noise.cpu(), t.log_probs.cpu(), out.prompts, out.seeds

@@ -112,7 +112,7 @@ def test_flow_sde_refusals_say_what_to_change():
         GenerateRequest(sampler="sde").validate()
     pixart = Engine(pipeline("pixart-sigma"))
     try:  # DPM-Solver is no flow-matching Euler scheduler
-        with pytest.raises(ConfigError, match="flow-matching Euler scheduler.*drop sampler"):
+        with pytest.raises(ConfigError, match="flow-matching Euler scheduler.*DPMSolverMultistepScheduler: drop sampler"):
             pixart.generate(replace(request("pixart-sigma", 16, 16), sampler="flow-sde"))
     finally:
         pixart.close()
@@ -128,3 +128,15 @@ def test_flow_sde_refusals_say_what_to_change():
                           ParallelConfig(pipefusion_parallel_degree=2))
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("layout", ["dp2", "cfg2"])
+def test_a_group_rollout_spreads_over_the_ranks_and_each_sample_is_its_own(run_ranks, layout):
+    prompts = ["a red cat", "a blue dog"]
+    serial_group = rl_jobs.group_rollout("flux", {}, prompts, 2, 10)
+    assert serial_group[3] == ["a red cat", "a red cat", "a blue dog", "a blue dog"]
+    assert serial_group[4] == [10, 11, 12, 13]
+    for got in run_ranks(2, rl_jobs.group_rollout, "flux", LAYOUTS[layout], prompts, 2, 10):
+        assert_same_trajectory(got, serial_group, f"group rollout on {layout}")
+    alone = rl_jobs.rollout("flux", {}, [("a blue dog", 13)], replay=False)  # sample 3, run by itself
+    assert_same_trajectory([t[3:4] for t in serial_group[:3]], alone, "sample 3 alone")
