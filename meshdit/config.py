@@ -49,6 +49,7 @@ MAX_SIDE = 8192  # pixels; larger sides are refused before anything allocates (a
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
 MAX_STEPS, MAX_FRAMES, MAX_TEXT_TOKENS = 10_000, 10_000, 65_536  # far above any pipeline's; bounded so the cost
 # estimates before launch stay finite floats (a 400-digit --steps overflowed them)
+SAMPLERS = (None, "flow-sde")  # GenerateRequest.sampler: the scheduler's own step, or Flow-GRPO's SDE step (docs/rl.md)
 
 # The bundled model's own settings, as the help texts quote them (meshdit/default_model/__init__.py).
 BUNDLED = "meshdit's bundled model"
@@ -233,6 +234,14 @@ class GenerateRequest:
     """((adapter name or file, weight), ...): the LoRA adapters this request runs with (the engine loaded them)."""
     extra: dict = field(default_factory=dict)
     """Extra keyword arguments for the pipeline family's recipe (e.g. max_sequence_length)."""
+    sampler: str | None = None
+    """None: the scheduler's own step; "flow-sde": Flow-GRPO's SDE step with per-step log-probs (flow-matching
+    families; each image's noise from its own seed: docs/rl.md)."""
+    noise_level: float = 0.7
+    """flow-sde: the SDE's noise level (Flow-GRPO's `noise_level`; its std is sqrt(sigma / (1 - sigma)) times it)."""
+    return_trajectory: bool = False
+    """flow-sde: each GenerateResult carries its images' meshdit.rl.trajectory.Trajectory (latents, timesteps,
+    noise drawn and log-probs of every step)."""
 
     @property
     def prompts(self) -> list[str]:
@@ -296,6 +305,14 @@ class GenerateRequest:
         if not isinstance(self.cache, CacheSettings):
             raise ConfigError(f"cache must be a CacheSettings (meshdit.cache), got {self.cache!r}.")
         self.cache.validate()
+        if self.sampler not in SAMPLERS:
+            raise ConfigError(f"sampler must be one of {SAMPLERS}, got {self.sampler!r}.")
+        if self.sampler is not None and (isinstance(self.noise_level, bool) or not isinstance(
+                self.noise_level, (int, float)) or not math.isfinite(self.noise_level) or self.noise_level <= 0):
+            raise ConfigError(f"noise_level must be a finite number > 0, got {self.noise_level!r}: e.g. 0.7.")
+        if self.return_trajectory is not False and (self.return_trajectory is not True or self.sampler is None):
+            raise ConfigError(f"return_trajectory={self.return_trajectory!r}: a trajectory is recorded by "
+                              "sampler='flow-sde' only; pass sampler='flow-sde' with return_trajectory=True.")
         if not isinstance(self.kv_drift_correction, bool):
             raise ConfigError(f"kv_drift_correction must be True or False, got {self.kv_drift_correction!r}.")
 

@@ -21,6 +21,8 @@ from .combine.parallelize import parallelize
 from .phases import reached
 from .prompt_vocabulary import PromptVocabulary, UnknownWordsWarning
 from .denoising.batching import concat_states
+from .rl.rollout import add_sample_seeds, attach_sampler, check_sampler
+from .rl.trajectory import Trajectory
 from .vae import VaeDecodeSettings, decodes_here
 
 
@@ -36,6 +38,7 @@ class GenerateResult:
     seconds: dict[str, float] = field(default_factory=dict)  # prepare / denoise / decode
     device: str = "cpu"  # where this rank ran it, e.g. "cuda:0"
     cache: object = None  # meshdit.cache.run.CacheReport of this request's images (None: no --cache)
+    trajectory: object = None  # meshdit.rl.trajectory.Trajectory of its images (return_trajectory=True only)
 
 
 def engine_device(mesh: ParallelMesh | None, device=None) -> torch.device:
@@ -195,13 +198,12 @@ class Engine:
                               "every step, so requests cannot share a batch: generate them one at a time")
         for request in requests:
             self.info.check_request(self.mesh.config, request, num_images=total)
+        check_sampler(requests, self.info.scheduler_class, self.recipe, self.mesh.config)
         self._use_adapters(loras.pop())
         parallel, seconds, start = self._parallel, {}, time.perf_counter()
-        # Noise is drawn on the CPU from the seed, so every rank and every layout starts from the same latents.
-        states = [self.recipe.prepare(r, torch.Generator("cpu").manual_seed(r.seed), self.mesh.device)
-                  for r in requests]
-        counts = [s.batch_size for s in states]
+        states, counts = self._prepare(requests)
         state = parallel.share(self.recipe, concat_states(self.recipe, states))
+        sampler = attach_sampler(state, self.pipe.scheduler, requests[0]) if requests[0].sampler else None
         seconds["prepare"] = time.perf_counter() - start
         latents = parallel.denoise(self.recipe, state, requests[0], show_progress,
                                    parallel.agreed(on_step, self.mesh.device), total_images=sum(counts))
@@ -216,9 +218,98 @@ class Engine:
         seconds["total"] = time.perf_counter() - start
         offsets = np.cumsum([0] + counts)
         report = parallel.cache_report
+        trajectories = [None] * len(requests)
+        if requests[0].return_trajectory:
+            record = parallel.collect(sampler.recorded(), sum(counts))
+            trajectories = Trajectory(record["latents"], record["noise"], record["log_probs"], state.timesteps,
+                                      sampler.sigmas, sampler.noise_level, requests, counts).split()
         return [GenerateResult(images[a:b], dict(seconds), str(self.mesh.device),
-                               None if report is None else report.of_images(range(a, b)))
-                for a, b in zip(offsets[:-1], offsets[1:])]
+                               None if report is None else report.of_images(range(a, b)), trajectory)
+                for a, b, trajectory in zip(offsets[:-1], offsets[1:], trajectories)]
+
+    def _prepare(self, requests: list[GenerateRequest]) -> tuple[list, list[int]]:
+        """Each request's prepared state (flow-sde: with its images' sample seeds) and its image count."""
+        # Noise is drawn on the CPU from the seed, so every rank and every layout starts from the same latents.
+        states = [self.recipe.prepare(r, torch.Generator("cpu").manual_seed(r.seed), self.mesh.device)
+                  for r in requests]
+        if requests[0].sampler:
+            states = [add_sample_seeds(s, r) for s, r in zip(states, requests)]
+        return states, [s.batch_size for s in states]
+
+    def log_probs(self, trajectory, grad: bool = False, steps=None) -> torch.Tensor:
+        """Every step's log-prob of `trajectory` (a Trajectory, or a list of them replayed as one batch) under the
+        current weights: [N, T], or [N, len(steps)] for the chosen steps only. The same loop as the rollout, fed
+        the recorded latents (teacher forcing), so with unchanged weights it equals the rollout's log-probs bit for
+        bit when the batch is the same and on one process, within the layouts' bound otherwise (docs/rl.md).
+        grad=True (one process): autograd through the transformer, for a trainer's backward; steps (one process):
+        only those steps run (e.g. one at a time, to backpropagate step by step).
+        NOTE: with a mesh of several ranks, every rank calls it with the same trajectory."""
+        from contextlib import nullcontext
+
+        from .denoising.loop import advance, guided_prediction
+        from .parallel.cfg import BranchExchange
+
+        if self._parallel is None:
+            raise RuntimeError("this Engine was closed; make a new one to replay")
+        if isinstance(trajectory, (list, tuple)):
+            trajectory = Trajectory.join(list(trajectory))
+        if (grad or steps is not None) and self.mesh.config.world_size > 1:
+            raise ConfigError("log_probs(grad=True or steps=...) runs on one process: replay on an engine without a "
+                              "mesh (a trainer's own copy of the model), or drop grad and steps.")
+        requests = trajectory.requests
+        self._use_adapters(self._adapters_of(requests[0]))
+        with torch.inference_mode(not grad):
+            with torch.no_grad():
+                states, _ = self._prepare(requests)
+            state = concat_states(self.recipe, states)
+            if not torch.equal(state.timesteps.cpu(), trajectory.timesteps.cpu()):
+                raise ConfigError("this trajectory's timesteps differ from its requests' on this model: replay it on "
+                                  "the model (and scheduler) that made it.")
+            recorded = trajectory.latents.to(self.mesh.device).clone()  # [N, T + 1, ...]; clone: a tensor autograd takes
+            state.latents = recorded[:, 0]
+            state.extra["replay_latents"] = recorded
+            state = self._parallel.share(self.recipe, state)
+            sampler = attach_sampler(state, self.pipe.scheduler, requests[0], state.extra.pop("replay_latents"))
+            with torch.enable_grad() if grad else nullcontext():
+                if steps is None:
+                    self._parallel.denoise(self.recipe, state, requests[0], total_images=trajectory.num_images)
+                else:
+                    exchange = BranchExchange(state.branch_names, None)
+                    for i in steps:
+                        sampler.index = i
+                        noise_pred = guided_prediction(self.recipe, state, i, state.timesteps[i], sampler.replay[:, i],
+                                                       state.branch_names, exchange)
+                        advance(self.recipe, state, noise_pred, state.timesteps[i], sampler.replay[:, i])
+            if grad or self.mesh.config.world_size == 1:
+                return torch.stack(sampler.log_probs, 1)
+            return self._parallel.collect(sampler.recorded(), trajectory.num_images)["log_probs"]
+
+    def update_weights(self, weights, adapter: str | None = None, denoiser: str = "transformer") -> int:
+        """New weights for the transformer without a restart: a state dict, a .safetensors path or an iterable of
+        (name, tensor), whole tensors named as in the transformer's state dict. Each rank keeps its layout (its
+        PipeFusion stage, tp shards, FP8 form, dtypes: meshdit/rl/weights.py), and generation then equals a fresh
+        engine loaded with those weights, bit for bit. adapter: the tensors are a LoRA file's for that loaded
+        adapter (the base weights stay). denoiser: "transformer_2" for Wan 2.2's second expert. Returns the tensors
+        this rank holds of them. NOTE: every rank of the mesh calls it with the same weights."""
+        from .rl.weights import named_tensors, update_transformer
+
+        if self._parallel is None:
+            raise RuntimeError("this Engine was closed; make a new one")
+        if self._parallel.offload:
+            raise ConfigError("update_weights with --offload blocks: the offload keeps its own copies of the blocks' "
+                              "weights; build the engine without offload.")
+        if adapter is not None and adapter not in self.adapters:
+            raise ConfigError(f"update_weights(adapter={adapter!r}): no such adapter is loaded (loaded: "
+                              f"{', '.join(self.adapters) or 'none'}); load it when the engine is built (loras=...).")
+        transformer = getattr(self.pipe, denoiser, None)
+        if transformer is None or transformer not in self._parallel.denoisers:
+            raise ConfigError(f"update_weights(denoiser={denoiser!r}): this pipeline has no such denoiser.")
+        if adapter is not None and adapter not in self._held:
+            return 0  # PipeFusion: none of this adapter's tensors are on this stage
+        tensor_parallel = self._parallel.tensor_parallel[self._parallel.denoisers.index(transformer)]
+        with torch.no_grad():
+            return update_transformer(transformer, named_tensors(weights), tensor_parallel,
+                                      self.info.family.plan().stages, adapter)
 
     def _load_adapters(self, fp8) -> None:
         from .loading.lora import (FIRST_EXPERT, check_linears_not_quantized, check_pipeline_takes_lora, load_adapter,

@@ -33,12 +33,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("quant", ("quant",)),
     ("attention", ("attention",)),
     ("parallel", ("parallel",)),
-    ("denoising, vae, cache", ("denoising", "vae", "cache")),
+    ("denoising, vae, cache", ("denoising", "vae", "cache", "rl")),
     ("models", ("models",)),
     ("combine, loading", ("combine", "loading")),
     ("engine", ("engine", "pipe_native")),
-    ("runner", ("runner", "rank", "prelaunch")),
-    ("entry points", ("", "__main__", "cli", "serve", "testing", "planner.command", "planner.calibrate")),
+    ("runner", ("runner", "rank", "prelaunch", "rl.worker")),
+    ("entry points", ("", "__main__", "cli", "serve", "testing", "planner.command", "planner.calibrate",
+                      "rl.example")),
 )
 # The settings layer is what the checks before any rank starts read: importing it must not import torch.
 TORCH_FREE_LAYER = "settings"

@@ -32,6 +32,7 @@ def parallelize(pipe, plan: ModelPlan, mesh: ParallelMesh | SingleProcessMesh, f
     done = Parallelized(mesh)
     done.stage_plan = plan.stages  # step cache (meshdit/cache): hooks these block lists per request
     done.denoisers = denoisers(pipe)
+    done.offload = offload
     config = mesh.config
     if fp8 is not None:  # the CLI checked it before ranks started; an API caller learns here
         fp8.validate(config.pipefusion_parallel_degree)
@@ -65,6 +66,7 @@ def parallelize(pipe, plan: ModelPlan, mesh: ParallelMesh | SingleProcessMesh, f
         if fp8 is not None and fp8.gemm:
             # after PipeFusion's split: stages balance as without FP8, and only this stage's blocks are quantized
             fp8_runtime.quantize_transformer(transformer, [spec.path for spec in plan.stages.blocks])
+        done.tensor_parallel.append(tensor)
         if tensor is not None:  # on the Linears as they are now (FP8 ones included)
             tensor.install_reduces(transformer)
             done.handles += tensor.handles

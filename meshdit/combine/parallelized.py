@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..cache.run import cached_denoising
-from ..distributed.comm import all_reduce
+from ..distributed.comm import all_gather_uneven, all_reduce, broadcast_from, broadcast_object, split_sizes
 from ..denoising.loop import denoise
 from ..denoising.pipefusion_loop import pipefusion_denoise
 from ..vae import decode, decodes_here, share_images
@@ -30,6 +30,8 @@ class Parallelized:
     stage_plan: object = None  # the plan's StagePlan: the block lists a request's step cache hooks
     denoisers: list = field(default_factory=list)  # the transformers the plan applies to (parallelize.denoisers)
     cache_report: object = None  # meshdit.cache.run.CacheReport of the last denoise() whose request cached
+    tensor_parallel: list = field(default_factory=list)  # per denoiser: parallel.tensor.TensorParallel, or None
+    offload: str | None = None  # "blocks": the blocks' weights wait in host memory (parallel/offload.py)
 
     def share(self, recipe, state):
         return data.share(recipe, state, self.mesh)
@@ -71,6 +73,19 @@ class Parallelized:
 
     def gather(self, image: torch.Tensor, batch_size: int) -> torch.Tensor:
         return data.gather(image, batch_size, self.mesh)
+
+    def collect(self, record: dict | None, batch_size: int) -> dict:
+        """Per-image tensors this rank's steps recorded ({name: [B_dp, ...]}; None on PipeFusion stages that take no
+        step) -> the whole batch's [batch_size, ...] on every rank: from the last stage, then over dp.
+        NOTE: every rank of the mesh joins."""
+        if self.pipefusion is not None and self.pipefusion.num_stages > 1:
+            group, last = self.mesh.group("pp"), self.pipefusion.num_stages - 1
+            keys = broadcast_object(sorted(record) if record else None, last, group, "trajectory_keys")
+            record = {k: broadcast_from(record[k].contiguous() if record else None, last, group,
+                                        "trajectory_broadcast", self.mesh.device) for k in keys}
+        sizes = split_sizes(batch_size, self.mesh.size("dp"))
+        return {k: all_gather_uneven(v.contiguous(), 0, sizes, self.mesh.group("dp"), "trajectory_all_gather")
+                for k, v in record.items()}
 
     def agreed(self, on_step, device):
         """on_step, made collective: an all-reduce (MAX) of its stop flag, so every rank stops at the same step."""

@@ -27,7 +27,7 @@ def denoise(recipe: Recipe, state: DenoiseState, cfg_group=None,
     predictions are exchanged, so all apply the same guidance (exact).
     NOTE: every rank of `cfg_group` joins one all_gather per step.
     """
-    branches, local, cfg_size = local_branches(state, cfg_group)
+    branches, local, _ = local_branches(state, cfg_group)
     exchange = BranchExchange(branches, cfg_group)
     latents = state.latents
     fail_at = _injected_failure()
@@ -36,14 +36,28 @@ def denoise(recipe: Recipe, state: DenoiseState, cfg_group=None,
             fail_injected(i)
         if on_step is not None and on_step(i, len(state.timesteps)):  # agreed by every rank (Engine)
             raise GenerationCancelled(i)
-        active = recipe.step_branches(state, i)
-        mine = [b for b in local if b in active]
-        preds = recipe.predict(state, latents, t, mine) if mine else {}
-        if cfg_size > 1:
-            preds = exchange(preds, active, latents)
-        noise_pred = recipe.guide(state, preds)
-        latents = recipe.step(state, noise_pred, t, latents)
+        noise_pred = guided_prediction(recipe, state, i, t, latents, local, exchange)
+        latents = advance(recipe, state, noise_pred, t, latents)
     return latents
+
+
+def guided_prediction(recipe: Recipe, state: DenoiseState, i: int, t: torch.Tensor, latents: torch.Tensor,
+                      local: list[str], exchange: BranchExchange) -> torch.Tensor:
+    """Step i's guided noise prediction: this rank's branches, exchanged over the cfg group, guided."""
+    active = recipe.step_branches(state, i)
+    mine = [b for b in local if b in active]
+    preds = recipe.predict(state, latents, t, mine) if mine else {}
+    if exchange.size > 1:
+        preds = exchange(preds, active, latents)
+    return recipe.guide(state, preds)
+
+
+def advance(recipe: Recipe, state: DenoiseState, noise_pred: torch.Tensor, t: torch.Tensor,
+            latents: torch.Tensor) -> torch.Tensor:
+    """The next latents: the request's sampler where it set one (meshdit.rl's flow-sde), else the recipe's step."""
+    if state.sampler is not None:
+        return state.sampler.step(recipe.pipe.scheduler, noise_pred, t, latents)
+    return recipe.step(state, noise_pred, t, latents)
 
 
 def _injected_failure() -> int | None:

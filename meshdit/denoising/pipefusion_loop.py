@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from ..distributed.comm import split_sizes
 from ..parallel.cfg import BranchExchange, local_branches
-from .loop import GenerationCancelled, _injected_failure, fail_injected
+from .loop import GenerationCancelled, _injected_failure, advance, fail_injected
 from .recipe import DenoiseState, Recipe
 
 
@@ -93,7 +93,7 @@ def _patch_pipeline(recipe: Recipe, state: DenoiseState, pf, sequence_state, cfg
                 pieces = items(i + 1) if i < warmup_steps else [(row0, row1)]
             before = [recipe.patch_view(state, latents, q0, q1).clone() for q0, q1 in pieces]
             if i < warmup_steps:
-                latents = recipe.step(state, noise_pred, t, latents)
+                latents = advance(recipe, state, noise_pred, t, latents)
             else:
                 recipe.pipe.scheduler = patch_schedulers[p]
                 try:

@@ -27,6 +27,7 @@ class DenoiseState:
     height: int
     width: int
     extra: dict = field(default_factory=dict)  # family-specific values
+    sampler: object = None  # a step taken instead of the recipe's (meshdit.rl's FlowSdeSampler); set per rank
 
     @property
     def branch_names(self) -> list[str]:

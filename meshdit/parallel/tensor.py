@@ -101,6 +101,8 @@ class TensorParallel:
     norms: dict[str, int] = field(default_factory=dict)
     """ACROSS_HEADS RMSNorm path -> the whole width it normalises over."""
     handles: list = field(default_factory=list)
+    shards: dict = field(default_factory=dict)
+    """Linear path -> its LinearShard on this rank (what update_weights cuts new weights by: meshdit/rl/weights.py)."""
 
     def install_reduces(self, transformer: nn.Module) -> None:
         """The all-reduce (and bias) after each row-parallel Linear and the all-gather after each GATHERED one,
@@ -251,7 +253,7 @@ def apply_tensor_parallel(transformer: nn.Module, plan: TensorPlan, stages: Stag
     ranks, rank = group_size(group), group_rank(group)
     heads = _heads(transformer, ranks)
     done = TensorParallel(group)
-    shards = linear_shards(transformer, plan, stages, ranks, rank)
+    shards = done.shards = linear_shards(transformer, plan, stages, ranks, rank)
     if not shards:
         raise ConfigError(f"{type(transformer).__name__}: its tensor plan names no Linear of its blocks; "
                           "drop --tensor-parallel-degree.")

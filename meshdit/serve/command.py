@@ -22,6 +22,7 @@ GENERATE_ONLY = {
     "output": "generate writes files; serve answers with PNGs",
     "image": "per request: the request's `image` (base64 in JSON, or a multipart/form-data upload)",
     "lora": "per request: the request's `loras`, among the adapters of --lora-dir",
+    "force": "generate's override of its memory refusal; serve refuses a request it cannot price by its limits",
     "lora_2": "Wan 2.2's second-expert adapters: --lora-dir loads into the first expert only",
 }
 LOOPBACK_NAMES = ("localhost",)
