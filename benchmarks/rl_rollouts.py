@@ -22,7 +22,7 @@ def measure(degrees: dict, prompts: list[str], group: int, size: int, steps: int
     import torch
 
     from meshdit.config import ParallelConfig
-    from meshdit.rl.worker import RolloutWorker
+    from meshdit.rollouts.worker import RolloutWorker
     from meshdit.testing.rank_pool import mesh_for
 
     worker = RolloutWorker.from_pretrained(None, mesh_for(ParallelConfig(**degrees)), torch_dtype=torch.float32)

@@ -37,9 +37,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("models", ("models",)),
     ("combine, loading", ("combine", "loading")),
     ("engine", ("engine", "pipe_native")),
-    ("runner", ("runner", "rank", "prelaunch", "rl.worker")),
+    ("runner", ("runner", "rank", "prelaunch", "rollouts")),
     ("entry points", ("", "__main__", "cli", "serve", "testing", "planner.command", "planner.calibrate",
-                      "rl.example")),
+                      "rollouts.example")),
 )
 # The settings layer is what the checks before any rank starts read: importing it must not import torch.
 TORCH_FREE_LAYER = "settings"

@@ -43,7 +43,7 @@ def rollout(name: str, degrees: dict, samples, replay: bool = True):
 
 def group_rollout(name: str, degrees: dict, prompts, group: int, seed: int):
     """RolloutWorker.rollout of `group` samples per prompt -> (latents, noise, log_probs, prompts, seeds)."""
-    from meshdit.rl.worker import RolloutWorker
+    from meshdit.rollouts.worker import RolloutWorker
 
     engine, settings = engine_for(name, degrees)
     fields = {k: v for k, v in vars(rl_request(name, "", 0, **settings)).items()

@@ -1,9 +1,9 @@
-"""The trainer's-view example (python -m meshdit.rl.example, docs/rl.md) runs: a few GRPO steps on the bundled model,
+"""The trainer's-view example (python -m meshdit.rollouts.example, docs/rl.md) runs: a few GRPO steps on the bundled model,
 every replay equal to its rollout bit for bit, the weights synced to the worker after each step."""
 
 
 def test_grpo_example_replays_every_rollout_bit_for_bit_and_trains():
-    from meshdit.rl.example import grpo
+    from meshdit.rollouts.example import grpo
 
     lines = []
     history = grpo(iterations=2, group=2, log=lines.append)

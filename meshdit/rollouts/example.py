@@ -1,6 +1,6 @@
 """A few GRPO steps on meshdit's bundled model, on the CPU: the trainer's view of meshdit's RL rollouts (docs/rl.md).
 
-    python -m meshdit.rl.example --iterations 4
+    python -m meshdit.rollouts.example --iterations 4
 
 Each iteration: a RolloutWorker draws `group` flow-sde samples of each prompt; the reward is how much of each image
 is the colour its prompt asks for; a trainer (its own Engine on its own copy of the model, as a separate trainer
@@ -83,7 +83,7 @@ def grpo(iterations: int = 4, group: int = 4, steps: int = 8, size: int = 128, t
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m meshdit.rl.example", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m meshdit.rollouts.example", description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=4, help="GRPO steps (default: 4)")
     parser.add_argument("--group", type=int, default=4, help="samples per prompt (default: 4)")
     parser.add_argument("--steps", type=int, default=8, help="denoising steps per sample (default: 8)")

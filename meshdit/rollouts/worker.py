@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..config import GenerateRequest
-from .trajectory import Trajectory
+from ..rl.trajectory import Trajectory
 
 
 @dataclass
