@@ -326,15 +326,17 @@ def create_app(state: ServerState) -> FastAPI:
             return job
 
         async def stream():
-            last = None
+            last, current = None, job
             while True:
-                now = job.public()
+                now = current.public()
                 if now != last:
                     yield f"data: {json.dumps(now)}\n\n"
                     last = now
-                if job.state in TERMINAL:
+                if current.state in TERMINAL:
                     return
                 await asyncio.sleep(0.05)
+                if state.queue.get(job_id) is None:  # another replica's: its latest copy (serve/ray_app.py)
+                    current = state.remote_job(job_id) or current
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 

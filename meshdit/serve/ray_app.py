@@ -4,7 +4,8 @@ Serve"), or `serve run meshdit.serve.ray_app:app_builder flags="..."` with Ray's
 Each Serve replica is one mesh. The replica's process is rank 0: it answers HTTP through the same FastAPI app as
 `meshdit serve` (serve/app.py) and runs the same rank loop (worker._lead); ranks 1..N-1 are Ray actors in the
 replica's placement group (STRICT_PACK: one node; GPUs assigned by Ray), running worker._follow. Async jobs are
-published to a named `JobBoard` actor, so a job's GET, content and DELETE work whichever replica answers. A replica
+published to a named `JobBoard` actor, so a job's GET, content and DELETE (images and videos) work whichever
+replica answers. A replica
 whose rank dies fails its running and waiting jobs with a status naming the rank, then fails Serve's health
 check, so Ray replaces it; the other replicas' jobs are untouched.
 """
@@ -32,57 +33,39 @@ REPLICA_HEADER = "x-meshdit-replica"  # which replica answered (a job's GET may 
 
 @ray.remote(num_cpus=0)
 class JobBoard:
-    """Every replica's async jobs: their public status, their PNGs once done, and DELETEs for their owners."""
+    """Every replica's async jobs (images and videos) as copies taken at each change, with their results once done,
+    and the DELETEs other replicas received, for the jobs' owners to carry out."""
 
     def __init__(self) -> None:
-        self.jobs: dict[str, dict] = {}  # id -> {"owner", "public", "pngs", "error", "state"}
-        self.cancels: set[str] = set()
+        self.jobs: dict[str, Job] = {}  # id -> the owner's latest copy
+        self.requests: dict[str, str] = {}  # id -> "cancel" or "forget" (a DELETE of a video)
 
-    def publish(self, job_id: str, owner: str, public: dict, pngs: list | None) -> None:
-        entry = self.jobs.pop(job_id, {"pngs": []})  # re-inserted: the newest last
-        self.jobs[job_id] = {"owner": owner, "public": public, "pngs": pngs if pngs is not None else entry["pngs"]}
-        finished = [i for i, e in self.jobs.items() if e["public"]["status"] in TERMINAL]
+    def publish(self, copy: Job) -> None:
+        if copy.id in self.requests and self.requests[copy.id] == "forget":
+            return  # deleted: its id answers 404 everywhere from now on
+        self.jobs.pop(copy.id, None)  # re-inserted: the newest last
+        self.jobs[copy.id] = copy
+        finished = [i for i, job in self.jobs.items() if job.state in TERMINAL]
         for old in finished[:max(0, len(self.jobs) - BOARD_JOBS)]:
             del self.jobs[old]
-            self.cancels.discard(old)
+            self.requests.pop(old, None)
 
-    def get(self, job_id: str) -> dict | None:
+    def get(self, job_id: str) -> Job | None:
         return self.jobs.get(job_id)
 
-    def cancel(self, job_id: str) -> None:
-        self.cancels.add(job_id)
+    def ask(self, job_id: str, what: str) -> None:
+        """what: "cancel" (DELETE of an image job: it stops) or "forget" (of a video: it stops and is dropped)."""
+        self.requests[job_id] = what
+        if what == "forget":
+            self.jobs.pop(job_id, None)
 
-    def cancelled(self, job_ids: list[str]) -> list[str]:
-        return [i for i in job_ids if i in self.cancels]
+    def asked(self, job_ids: list[str]) -> dict[str, str]:
+        return {i: self.requests[i] for i in job_ids if i in self.requests}
 
 
-class RemoteJob:
-    """Another replica's job as the app's routes read it (status, PNGs); its public() reads the board afresh."""
-
-    def __init__(self, board, job_id: str, entry: dict) -> None:
-        self.board, self.id, self._entry = board, job_id, entry
-        self.fetched: set = set()
-        self.started = self.finished = None
-
-    def public(self) -> dict:
-        self._entry = ray.get(self.board.get.remote(self.id)) or self._entry
-        return self._entry["public"]
-
-    @property
-    def state(self) -> str:
-        return self.public()["status"]
-
-    @property
-    def error(self) -> str | None:
-        return self._entry["public"].get("error")
-
-    @property
-    def pngs(self) -> list:
-        return self._entry["pngs"]
-
-    @property
-    def step(self) -> int:
-        return self._entry["public"]["step"]
+def board_copy(job: Job) -> Job:
+    """What the board keeps of a job: everything but its threading event (results included once done)."""
+    return dataclasses.replace(job, done=None, fetched=set())
 
 
 class BoardQueue(JobQueue):
@@ -97,17 +80,35 @@ class BoardQueue(JobQueue):
         super().submit(job)
         self._publish(job)
 
+    def carry_out(self, jobs: list[Job]) -> None:
+        """The DELETEs other replicas took for these jobs of this replica."""
+        asked = ray.get(self._board.asked.remote([job.id for job in jobs])) if jobs else {}
+        for job in jobs:
+            if asked.get(job.id) == "forget":
+                self.forget(job)
+            elif asked.get(job.id) == "cancel":
+                self.cancel(job)
+
     def next_batch(self, timeout: float) -> list[Job]:
         with self._lock:
-            waiting = [job.id for job in self._waiting]
-        for job_id in ray.get(self._board.cancelled.remote(waiting)) if waiting else ():
-            job = self.get(job_id)
-            if job is not None:
-                self.cancel(job)
+            waiting = list(self._waiting)
+        self.carry_out(waiting)
         batch = super().next_batch(timeout)
         for job in batch:
             self._publish(job)
         return batch
+
+    def cancel(self, job: Job) -> None:
+        if self.get(job.id) is job:
+            super().cancel(job)
+        else:  # another replica's: its owner stops it at its next step (or before it starts)
+            self._board.ask.remote(job.id, "cancel")
+
+    def forget(self, job: Job) -> None:
+        if self.get(job.id) is job:
+            super().forget(job)
+        else:
+            self._board.ask.remote(job.id, "forget")
 
     def end(self, job: Job, state: str, error: str | None = None, http_status: int = 200) -> None:
         super().end(job, state, error, http_status)
@@ -115,7 +116,8 @@ class BoardQueue(JobQueue):
 
 
 class BoardState(ServerState):
-    """ServerState whose jobs are on the board too (serve/app.py asks `remote_job` for ids it does not hold)."""
+    """ServerState whose jobs are on the board too (serve/app.py and serve/videos.py ask `remote_job` for ids this
+    replica does not hold)."""
 
     def __init__(self, settings: ServeSettings, board, replica: str) -> None:
         super().__init__(settings)
@@ -123,30 +125,20 @@ class BoardState(ServerState):
         self.queue = BoardQueue(settings, self.publish, board)
 
     def publish(self, job: Job) -> None:
-        self.board.publish.remote(job.id, self.replica, job.public(), job.pngs if job.state == "done" else None)
+        self.board.publish.remote(board_copy(job))
 
-    def remote_job(self, job_id: str):
-        entry = ray.get(self.board.get.remote(job_id))
-        return RemoteJob(self.board, job_id, entry) if entry is not None else None
+    def remote_job(self, job_id: str) -> Job | None:
+        return ray.get(self.board.get.remote(job_id))
 
     def answers_when_dead(self, method: str, path: str) -> bool:
         """Until Ray replaces this replica, jobs' status and results still come from the board (new work: 503)."""
-        return method in ("GET", "DELETE") and path.startswith("/v1/images/jobs/")
-
-    def cancel(self, job) -> None:
-        if isinstance(job, RemoteJob):
-            self.board.cancel.remote(job.id)  # its replica stops it at its next step (or before it starts)
-        else:
-            super().cancel(job)
+        return method in ("GET", "DELETE") and path.startswith(("/v1/images/jobs/", "/v1/videos/"))
 
     def progress(self, batch: list[Job]):
         on_step = super().progress(batch)
 
         def on_step_published(step: int, total: int) -> bool:
-            for job_id in ray.get(self.board.cancelled.remote([job.id for job in batch])):
-                for job in batch:
-                    if job.id == job_id:
-                        job.cancel_requested = True
+            self.queue.carry_out([job for job in batch if job.state == "running"])
             stop = on_step(step, total)
             for job in batch:
                 if job.state == "running":

@@ -130,7 +130,7 @@ def video_object(state: ServerState, job: Job) -> dict:
 def add_video_routes(app: FastAPI, state: ServerState) -> None:
     def find(video_id: str) -> Job | JSONResponse:
         state.results.expire()
-        job = state.queue.get(video_id)
+        job = state.queue.get(video_id) or state.remote_job(video_id)  # another replica's (serve/ray_app.py)
         if job is None or not job.id.startswith("video_"):
             return error(404, f"no video {video_id!r} (unknown, deleted or forgotten)", "id")
         return job
