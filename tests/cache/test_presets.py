@@ -4,7 +4,7 @@ step 0), and cached Ulysses 2 equals cached serial (the same skip mask, the same
 import numpy as np
 import pytest
 
-from meshdit.cache.settings import CHOICES
+from meshdit.cache_settings import CHOICES
 from meshdit.models.registry import family_for_pipeline
 from meshdit.testing.tiny_models import tiny_families
 from tests.cache import cache_jobs
