@@ -25,7 +25,13 @@ class Rollout:
 class RolloutWorker:
     """rollout / log_probs / update_weights over one Engine."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine=None, **from_pretrained) -> None:
+        """engine: an Engine; without one, Engine.from_pretrained(**from_pretrained) builds it here, which is how a
+        Ray actor gets its own: `ray.remote(RolloutWorker).remote(model=..., device="cpu")` (docs/rl.md)."""
+        if engine is None:
+            from ..engine import Engine
+
+            engine = Engine.from_pretrained(**from_pretrained)
         self.engine = engine
 
     @classmethod
