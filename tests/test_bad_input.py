@@ -194,9 +194,6 @@ BAD_INPUTS = {
     "lora-weight-above-bound": (["--lora", "{tmp}/a.safetensors:1e30"], "in -100..100, got '1e30'"),
     "lora-weight-not-a-number": (["--lora", "{tmp}/earlier.png:abc"], "earlier.png:abc': the weight after ':' must "
                                  "be a finite number"),
-    "lora-hub-id-unreachable": (["--lora", "someone/no-such-lora"], "--lora 'someone/no-such-lora': no such file or "
-                                "folder here, and as a Hub id its pytorch_lora_weights.safetensors could not be "
-                                "fetched"),
     "lora-folder-without-adapter": (["--lora", "{tmp}/folder.png"], "a folder without "
                                     "pytorch_lora_weights.safetensors"),
     # FP8 options

@@ -142,7 +142,7 @@ def test_rank_failing_mid_generation_ends_every_rank_promptly(tiny_flux_dir, tmp
 
 
 def test_ctrl_c_stops_every_rank(tiny_flux_dir, tmp_path):
-    proc = subprocess.Popen(CLI + ["--model", tiny_flux_dir, "--height", "64", "--width", "64", "--steps", "100000",
+    proc = subprocess.Popen(CLI + ["--model", tiny_flux_dir, "--height", "64", "--width", "64", "--steps", "10000",
                                    "--ring-degree", "2", "--output", str(tmp_path / "x.png")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             # as from a terminal: a suite started as a background job (`cmd &` in a script)

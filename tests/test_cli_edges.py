@@ -34,8 +34,8 @@ def test_errors_that_say_it_all_come_without_a_traceback():
 
 
 def test_a_16_bit_png_is_scaled_not_clipped(tmp_path):
-    ramp = np.linspace(0, 65535, 64, dtype=np.uint16).reshape(8, 8)  # [H, W], 16-bit grey
+    ramp = np.linspace(0, 65535, 256, dtype=np.uint16).reshape(16, 16)  # [H, W], 16-bit grey (16 px: the least side)
     Image.fromarray(ramp).save(tmp_path / "grey16.png")
     rgb = np.asarray(open_image(str(tmp_path / "grey16.png")))  # [H, W, 3] uint8
-    assert rgb.shape == (8, 8, 3) and rgb[0, 0, 0] == 0 and rgb[-1, -1, 0] == 255
+    assert rgb.shape == (16, 16, 3) and rgb[0, 0, 0] == 0 and rgb[-1, -1, 0] == 255
     assert np.abs(rgb[..., 0].astype(int) - np.round(ramp / 257)).max() <= 1

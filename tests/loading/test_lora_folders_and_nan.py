@@ -94,8 +94,12 @@ def test_serve_fails_a_batch_whose_images_hold_nan():
         def finish(self, batch, results):
             self.finished = results
 
+    class OutcomeStub:  # one rank, none raised (worker.Outcome agrees over a gloo group)
+        def agree(self, failure):
+            return {} if failure is None else {0: failure}
+
     state = StateStub()
-    _run(EngineStub(), [GenerateRequest()], state, ["job"])
+    _run(EngineStub(), [GenerateRequest()], state, ["job"], OutcomeStub())
     assert state.finished is None and state.failed[1] == 500 and "NaN or infinite values" in state.failed[0]
 
 
