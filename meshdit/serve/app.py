@@ -145,6 +145,21 @@ async def request_fields(request: Request, state: ServerState, file_field: str =
         return error(400, f"the body is not valid JSON: {exc}", "body")
 
 
+def job_or_error(state: ServerState, make) -> Job | JSONResponse:
+    """make(): a request's job from its validated body; a body the schema or the model refuses is a 400 naming the
+    field (images and videos alike)."""
+    try:
+        return make()
+    except ValidationError as exc:
+        state.metrics.requests.labels("rejected_invalid").inc()
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or "body"
+        return error(400, f"{param}: {first['msg']}", param)
+    except BadRequest as exc:
+        state.metrics.requests.labels("rejected_invalid").inc()
+        return error(exc.status, exc.message, exc.param)
+
+
 def admit(state: ServerState, job: Job) -> JSONResponse | None:
     """Queues the job, or answers 429 with Retry-After: the queue is full (--max-queue), or the predicted wait
     exceeds --max-queue-seconds (serve/admission.py)."""
@@ -229,17 +244,9 @@ def create_app(state: ServerState) -> FastAPI:
             state.metrics.requests.labels("rejected_invalid").inc()
             return error(400, "image: /v1/images/edits needs the image to edit (a file upload, or base64 in JSON)",
                          "image")
-        try:
-            body = ImageRequest.model_validate(data)
-            job = state.make_job(body)
-        except ValidationError as exc:
-            state.metrics.requests.labels("rejected_invalid").inc()
-            first = exc.errors()[0]
-            param = ".".join(str(p) for p in first["loc"]) or "body"
-            return error(400, f"{param}: {first['msg']}", param)
-        except BadRequest as exc:
-            state.metrics.requests.labels("rejected_invalid").inc()
-            return error(exc.status, exc.message, exc.param)
+        job = job_or_error(state, lambda: state.make_job(ImageRequest.model_validate(data)))
+        if isinstance(job, JSONResponse):
+            return job
         job.pinned = pinned
         return admit(state, job) or job
 

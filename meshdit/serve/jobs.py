@@ -94,12 +94,8 @@ class JobQueue:
 
     def forget(self, job: Job) -> None:
         """The job's id answers 404 from now on (a deleted video); a queued one is cancelled first."""
-        with self._lock:
-            if job.state == "queued":
-                self._waiting.remove(job)
-                self.end(job, "cancelled")
-            elif job.state == "running":
-                job.cancel_requested = True
+        with self._lock:  # a Condition's lock is re-entrant: cancel takes it again
+            self.cancel(job)
             job.discard = True
             self.jobs.pop(job.id, None)
 

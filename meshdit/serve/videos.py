@@ -14,10 +14,9 @@ import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
 
 from ..errors import ConfigError
-from .app import TEXT_FIELDS, admit, error, request_fields
+from .app import TEXT_FIELDS, admit, error, job_or_error, request_fields
 from .jobs import Job
 from .schemas import ImageRequest, VideoRequest
 from .server_state import BadRequest, ServerState
@@ -147,16 +146,9 @@ def add_video_routes(app: FastAPI, state: ServerState) -> None:
             return data
         if isinstance(data, dict) and "input_reference[image_url]" in data:  # the reference object as form fields
             data["input_reference"] = {"image_url": data.pop("input_reference[image_url]")}
-        try:
-            job = make_video_job(state, VideoRequest.model_validate(data))
-        except ValidationError as exc:
-            state.metrics.requests.labels("rejected_invalid").inc()
-            first = exc.errors()[0]
-            param = ".".join(str(p) for p in first["loc"]) or "body"
-            return error(400, f"{param}: {first['msg']}", param)
-        except BadRequest as exc:
-            state.metrics.requests.labels("rejected_invalid").inc()
-            return error(exc.status, exc.message, exc.param)
+        job = job_or_error(state, lambda: make_video_job(state, VideoRequest.model_validate(data)))
+        if isinstance(job, JSONResponse):
+            return job
         return admit(state, job) or video_object(state, job)
 
     @app.get("/v1/videos")
