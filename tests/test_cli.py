@@ -293,23 +293,23 @@ def test_registry_defaults_equal_diffusers(family):
         call = inspect.signature(getattr(diffusers, pipeline_class).__call__).parameters
         if "max_sequence_length" in call:  # HunyuanDiT's text lengths are fixed by its transformer
             assert family.max_sequence_length_for(pipeline_class) == call["max_sequence_length"].default
-        assert family.default_steps == call["num_inference_steps"].default, pipeline_class
-        if family.default_guidance_from_guider:  # HunyuanVideo 1.5: the declared guider class's default
+        assert family.defaults.steps == call["num_inference_steps"].default, pipeline_class
+        if family.defaults.guidance_from_guider:  # HunyuanVideo 1.5: the declared guider class's default
             guider = inspect.signature(getattr(diffusers, pipeline_class).__init__).parameters["guider"]
             scale = inspect.signature(guider.annotation.__init__).parameters["guidance_scale"].default
-            assert "guidance_scale" not in call and family.default_guidance == scale, pipeline_class
+            assert "guidance_scale" not in call and family.defaults.guidance == scale, pipeline_class
         else:
-            assert family.default_guidance_for(pipeline_class) == call[family.guidance_argument].default, pipeline_class
-        if family.undistilled_guidance_argument:  # FLUX.1 without a guidance embedding: true_cfg_scale
+            assert family.default_guidance_for(pipeline_class) == call[family.guidance.argument].default, pipeline_class
+        if family.guidance.undistilled_argument:  # FLUX.1 without a guidance embedding: true_cfg_scale
             assert family.default_guidance_for(pipeline_class, {}) == \
-                call[family.undistilled_guidance_argument].default, pipeline_class
-        if family.true_cfg_needs_negative_prompt:  # do_true_cfg needs one: its default is None
+                call[family.guidance.undistilled_argument].default, pipeline_class
+        if family.guidance.true_cfg_needs_negative_prompt:  # do_true_cfg needs one: its default is None
             assert call["negative_prompt"].default is None, pipeline_class
         # (no height / width: HunyuanVideo 1.5 I2V takes the bucket of its image, meshdit the config's bucket below)
         size = (call["height"].default, call["width"].default) if "height" in call else None
         frames = call.get("num_frames")
-        if family.default_pixel_size_by_config:  # HunyuanVideo 1.5: the bucket of the config's target_size
-            key, sizes = family.default_pixel_size_by_config
+        if family.defaults.pixel_size_by_config:  # HunyuanVideo 1.5: the bucket of the config's target_size
+            key, sizes = family.defaults.pixel_size_by_config
             pipe_module = inspect.getmodule(getattr(diffusers, pipeline_class))
             init = inspect.signature(getattr(diffusers, family.transformer_class).__init__).parameters
             processor = pipe_module.HunyuanVideo15ImageProcessor(vae_scale_factor=16)
@@ -324,12 +324,12 @@ def test_registry_defaults_equal_diffusers(family):
             frames = init["sample_frames"].default
         if "max_area" in call:  # FLUX.1 Kontext scales any size to max_area at its aspect ratio: square by default
             size = (round(call["max_area"].default ** 0.5),) * 2
-        if family.default_pixel_size:
-            assert family.default_pixel_size == size, pipeline_class
+        if family.defaults.pixel_size:
+            assert family.defaults.pixel_size == size, pipeline_class
         if family.is_video:  # (fps is no pipeline argument but LTX's frame_rate: else the docs' export fps)
-            assert family.default_num_frames == frames, pipeline_class
+            assert family.video.num_frames == frames, pipeline_class
             if "frame_rate" in call:
-                assert family.default_fps == call["frame_rate"].default, pipeline_class
+                assert family.video.fps == call["frame_rate"].default, pipeline_class
 
 
 def test_a_fixed_text_length_refuses_another_max_sequence_length():

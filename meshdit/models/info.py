@@ -74,36 +74,36 @@ class ModelInfo:
         """The scheduler's step draws from the request's generator: no batch (nor part of one) can reproduce
         the noise one process gives a request alone."""
         return self.scheduler_class in NOISE_DRAWING_SCHEDULERS or \
-            self.scheduler_class in self.family.noise_drawing_schedulers
+            self.scheduler_class in self.family.refusals.noise_drawing_schedulers
 
     @property
     def default_size(self) -> tuple[int, int]:
         """The pipeline's default (height, width) in pixels."""
-        by_config = self.family.default_pixel_size_by_config
+        by_config = self.family.defaults.pixel_size_by_config
         if by_config and self.transformer_config.get(by_config[0]) in by_config[1]:
             return tuple(by_config[1][self.transformer_config[by_config[0]]])
-        from_config = self.family.default_size_from_config
+        from_config = self.family.defaults.size_from_config
         if from_config and all(self.transformer_config.get(key) for key in from_config[:2]):
             return tuple(int(self.transformer_config[key]) * self.vae_scale_factor for key in from_config[:2])
-        if self.family.default_pixel_size:
-            return self.family.default_pixel_size
-        latent = self.family.default_sample_size or int(self.transformer_config["sample_size"])
+        if self.family.defaults.pixel_size:
+            return self.family.defaults.pixel_size
+        latent = self.family.defaults.sample_size or int(self.transformer_config["sample_size"])
         side = latent * self.vae_scale_factor
-        if latent in self.family.square_bin_by_sample_size and not self.family.default_sample_size:
-            side = self.family.square_bin_by_sample_size[latent]
-        if self.family.standard_square_sides:  # the pipeline bins it: the standard square side nearest in area
-            side = min(self.family.standard_square_sides, key=lambda s: abs(s * s - side * side))
+        if latent in self.family.defaults.square_bin_by_sample_size and not self.family.defaults.sample_size:
+            side = self.family.defaults.square_bin_by_sample_size[latent]
+        if self.family.defaults.standard_square_sides:  # the pipeline bins it: the standard square side nearest in area
+            side = min(self.family.defaults.standard_square_sides, key=lambda s: abs(s * s - side * side))
         return side, side
 
     @property
     def default_num_frames(self) -> int | None:
         """The pipeline's default frames: its __call__ default, or the transformer config's (CogVideoX's
         sample_frames, where __call__ leaves it None)."""
-        from_config = self.family.default_size_from_config
+        from_config = self.family.defaults.size_from_config
         if from_config and self.transformer_config.get(from_config[2]) and \
                 self.pipeline_class == self.family.pipeline_classes[0]:
             return int(self.transformer_config[from_config[2]])
-        return self.family.default_num_frames
+        return self.family.video.num_frames
 
     @classmethod
     def from_pipeline(cls, pipe) -> "ModelInfo":
@@ -115,7 +115,7 @@ class ModelInfo:
         spatial = _first_attribute(pipe, "vae_scale_factor", "vae_scale_factor_spatial", "vae_spatial_compression_ratio")
         temporal = _first_attribute(pipe, "vae_scale_factor_temporal", "vae_temporal_compression_ratio") \
             if family.is_video else None
-        guider = getattr(pipe, "guider", None) if family.default_guidance_from_guider else None
+        guider = getattr(pipe, "guider", None) if family.defaults.guidance_from_guider else None
         return cls(source, pipeline_class, family, dict(pipe.transformer.config), int(spatial),
                    type(pipe.scheduler).__name__, int(temporal or 1),
                    {k: v for k, v in pipe.config.items() if not isinstance(v, (list, tuple))},
@@ -137,7 +137,7 @@ class ModelInfo:
         if family.is_video:
             from ..vae.settings import video_spatial_scale, video_temporal_scale
 
-            vae_scale, temporal = video_spatial_scale(vae), video_temporal_scale(vae, family.vae_temporal_factor_key)
+            vae_scale, temporal = video_spatial_scale(vae), video_temporal_scale(vae, family.video.temporal_factor_key)
         else:
             # AutoencoderDC (SANA) names its levels encoder_block_out_channels; Qwen-Image's causal 3-D VAE counts
             # its downsamplings in temperal_downsample
@@ -148,7 +148,7 @@ class ModelInfo:
         scheduler = index.get("scheduler")  # ["diffusers", "DDPMScheduler"]
         scheduler_class = scheduler[1] if isinstance(scheduler, list) and len(scheduler) == 2 else ""
         settings = {k: v for k, v in index.items() if not isinstance(v, list)}  # components are [library, class]
-        guider = read_json(model, "guider/guider_config.json") if family.default_guidance_from_guider and \
+        guider = read_json(model, "guider/guider_config.json") if family.defaults.guidance_from_guider and \
             isinstance(index.get("guider"), list) else {}
         check_fields(guider, GUIDER_FIELDS, config_path(model, "guider/guider_config.json"))
         return cls(model, pipeline_class, family, transformer, int(vae_scale), str(scheduler_class),
@@ -172,10 +172,10 @@ class ModelInfo:
             if self.guider_scale is None else float(self.guider_scale)
         text = family.fixed_text_length(self.transformer_config) or family.max_sequence_length_for(self.pipeline_class)
         # FLUX.1 and Qwen-Image run true CFG only with a negative prompt: without one, one branch (do_true_cfg)
-        alone = 1.0 if family.true_cfg_needs_negative_prompt and not family.is_guidance_distilled(
+        alone = 1.0 if family.guidance.true_cfg_needs_negative_prompt and not family.is_guidance_distilled(
             self.transformer_config) else None
-        return RequestDefaults(*self.default_size, family.default_steps, guidance, text, self.default_num_frames,
-                               family.default_fps, alone)
+        return RequestDefaults(*self.default_size, family.defaults.steps, guidance, text, self.default_num_frames,
+                               family.video.fps, alone)
 
     def make_recipe(self, pipe):
         """The family's recipe for `pipe`, filling unset request values from this model's defaults."""
@@ -190,7 +190,7 @@ class ModelInfo:
         `request` is serve's defaults, and each HTTP request brings its own input image (checked then)."""
         request = request.with_defaults(self.request_defaults())
         request.validate()
-        limit = self.family.max_sequence_length_limit
+        limit = self.family.text.limit
         tokens = request.extra["max_sequence_length"]
         fixed = self.family.fixed_text_length(self.transformer_config)
         if fixed is not None and tokens != fixed:
@@ -203,7 +203,7 @@ class ModelInfo:
         self.check_layer_guidance(config, request)
         self.check_frames_and_image(request, image_per_request)
         self.check_cache(config, request)
-        if self.pipeline_class in self.family.image_tokens_after_grid_pipelines and \
+        if self.pipeline_class in self.family.images.tokens_after_grid_pipelines and \
                 config.pipefusion_parallel_degree > 1 and request.warmup_steps < request.num_inference_steps:
             raise ConfigError(
                 f"this {self.pipeline_class} appends the input image's tokens to the image stream after the latent "
@@ -216,13 +216,13 @@ class ModelInfo:
     def check_call_arguments(self, request: GenerateRequest) -> None:
         """request.extra holds max_sequence_length and the family's call_arguments only: any other key would
         be ignored, and a pipeline argument the result depends on silently dropped."""
-        known = ("max_sequence_length",) + self.family.call_arguments
+        known = ("max_sequence_length",) + self.family.call_arguments.taken
         for key in request.extra:
-            if key in self.family.refused_call_arguments:
+            if key in self.family.call_arguments.refused:
                 raise ConfigError(f"--extra {key}: meshdit does not pass {key!r} to this {self.pipeline_class}: "
-                                  f"{self.family.refused_call_arguments[key]}; drop it.")
+                                  f"{self.family.call_arguments.refused[key]}; drop it.")
             if key not in known:
-                takes = ", ".join(self.family.call_arguments) or "none"
+                takes = ", ".join(self.family.call_arguments.taken) or "none"
                 raise ConfigError(f"--extra {key}: meshdit does not pass {key!r} to this {self.pipeline_class} "
                                   f"(the --extra keys it takes: {takes}); drop it, or use the flag for it "
                                   "(meshdit generate --help).")
@@ -247,8 +247,8 @@ class ModelInfo:
     def check_frames_and_image(self, request: GenerateRequest, image_per_request: bool = False) -> None:
         """--num-frames, --fps and --image against what the pipeline makes (images, videos, from an image)."""
         what = self.pipeline_class
-        refused = [(self.pipeline_config, key, why) for key, why in self.family.refused_pipeline_config.items()]
-        refused += [(self.transformer_config, key, why) for key, why in self.family.refused_transformer_config.items()]
+        refused = [(self.pipeline_config, key, why) for key, why in self.family.refusals.pipeline_config.items()]
+        refused += [(self.transformer_config, key, why) for key, why in self.family.refusals.transformer_config.items()]
         for config, key, why in refused:
             key, value = key if isinstance(key, tuple) else (key, None)  # (key, value): refused at that value only
             if config.get(key) if value is None else config.get(key) == value:
@@ -264,12 +264,12 @@ class ModelInfo:
             return
         factor = self.vae_temporal_factor
         frames = request.num_frames
-        if (frames - 1) % factor and not (self.family.frames_in_latent_pairs and frames % (2 * factor) == 0):
+        if (frames - 1) % factor and not (self.family.video.frames_in_latent_pairs and frames % (2 * factor) == 0):
             lower = max(1, (frames - 1) // factor * factor + 1)
             raise ConfigError(f"--num-frames {frames} cannot be encoded by this model's VAE, which compresses "
                               f"{factor} frames into one after the first: use k * {factor} + 1 frames"
                               + (f" or a multiple of {2 * factor} (latent frames in pairs)"
-                                 if self.family.frames_in_latent_pairs else "")
+                                 if self.family.video.frames_in_latent_pairs else "")
                               + f", e.g. --num-frames {lower} or {lower + factor}.")
         patch = self.family.temporal_patch(self.transformer_config)
         latent = (frames - 1) // factor + 1
@@ -285,13 +285,13 @@ class ModelInfo:
     def takes_image(self) -> bool:
         """The pipeline takes an input image (image-to-video, image edit)."""
         family = self.family
-        return self.pipeline_class in (family.image_to_video_pipelines if family.is_video
-                                       else family.image_edit_pipelines)
+        return self.pipeline_class in (family.video.image_to_video_pipelines if family.is_video
+                                       else family.images.edit_pipelines)
 
     @property
     def needs_image(self) -> bool:
         """The pipeline cannot run without one (FLUX.1 Kontext can: image_optional_pipelines)."""
-        return self.takes_image and self.pipeline_class not in self.family.image_optional_pipelines
+        return self.takes_image and self.pipeline_class not in self.family.images.optional_pipelines
 
     def _check_image(self, request: GenerateRequest, image_per_request: bool, need: str, refusal: str) -> None:
         """--image against the pipeline: one it needs must be given, one it cannot take is refused, and the file
@@ -310,7 +310,7 @@ class ModelInfo:
         argument given (SD3's skip_guidance_layers: 3). The cfg axis takes at most this many rank groups."""
         if not self.runs_cfg(guidance_scale):
             return 1
-        return 2 + sum(1 for key in self.family.layer_guidance_arguments if (extra or {}).get(key))
+        return 2 + sum(1 for key in self.family.call_arguments.layer_guidance if (extra or {}).get(key))
 
     def runs_cfg(self, guidance_scale: float | None) -> bool:
         """Whether a generation runs two guidance branches (cond and uncond) per step."""
@@ -362,7 +362,7 @@ class ModelInfo:
             raise ConfigError(
                 f"{height}x{width} gives {tokens} image tokens, fewer than the {config.sp_degree} sequence-parallel "
                 "ranks: raise the resolution or lower --ulysses-degree / --ring-degree.")
-        if self.family.sequence_rows and height // multiple < config.sp_degree:
+        if self.family.parallel.sequence_rows and height // multiple < config.sp_degree:
             raise ConfigError(
                 f"{height}x{width} gives {height // multiple} rows of image tokens, fewer than the {config.sp_degree} "
                 f"sequence-parallel ranks ({self.pipeline_class} splits the image by whole rows): use --height >= "
@@ -380,7 +380,7 @@ class ModelInfo:
 
     def _check_fixed_size(self, height: int, width: int) -> None:
         """A model whose fixed_size_key is set (learned positional embeddings) takes only its sample size."""
-        key = self.family.fixed_size_key
+        key = self.family.refusals.fixed_size_key
         if not key or not self.transformer_config.get(key):
             return
         size = tuple(int(self.transformer_config[side]) * self.vae_scale_factor
@@ -410,7 +410,7 @@ class ModelInfo:
         """The cfg axis deals the branches of a step over its rank groups: no more groups than branches."""
         degree, branches = config.cfg_degree, self.guidance_branches(guidance_scale, extra)
         if branches > 2 and config.pipefusion_parallel_degree > 1:
-            key = next(iter(self.family.layer_guidance_arguments))
+            key = next(iter(self.family.call_arguments.layer_guidance))
             raise ConfigError(f"--extra {key} runs a guidance pass that skips blocks, which PipeFusion's stages "
                               "cannot skip: drop --pipefusion-parallel-degree (use --cfg-degree, --ulysses-degree or "
                               "--ring-degree) or drop the extra.")
@@ -425,7 +425,7 @@ class ModelInfo:
             raise ConfigError(f"CFG parallel splits the guidance branches (conditional, unconditional) over rank "
                               f"groups, but {why}. Drop --use-cfg-parallel / --cfg-degree (give the ranks to "
                               "--ulysses-degree or --ring-degree instead).")
-        more = list(self.family.layer_guidance_arguments)
+        more = list(self.family.call_arguments.layer_guidance)
         add = f"; --extra {more[0]}=[...] adds a branch" if more and branches == 2 else ""
         raise ConfigError(f"--cfg-degree {degree} needs at least {degree} guidance branches per step, but this "
                           f"request runs {branches} (conditional, unconditional"
@@ -436,7 +436,7 @@ class ModelInfo:
         """A layer-guidance argument (SD3's skip_guidance_layers) names block indices; its pass runs on some steps
         only, which the step cache does not follow (PipeFusion: _check_cfg_degree)."""
         blocks = self.family.num_blocks(self.transformer_config)
-        for key, settings in self.family.layer_guidance_arguments.items():
+        for key, settings in self.family.call_arguments.layer_guidance.items():
             for setting in settings:
                 value = request.extra.get(setting)
                 if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
@@ -465,7 +465,8 @@ class ModelInfo:
                 f"ulysses degree {config.ulysses_degree} exceeds the model's {heads} attention heads{held}: "
                 f"use --ulysses-degree <= {heads} and put the rest into --ring-degree.")
         patch = self.transformer_config.get("patch_size", 1)
-        if self.family.sequence_rows and patch != 1 and config.sp_degree * config.pipefusion_parallel_degree > 1:
+        if self.family.parallel.sequence_rows and patch != 1 and \
+                config.sp_degree * config.pipefusion_parallel_degree > 1:
             raise ConfigError(
                 f"this {self.pipeline_class} has patch size {patch}; meshdit splits its latent rows as token rows "
                 "(patch size 1, every released SANA): run with --ulysses-degree, --ring-degree and "
@@ -479,7 +480,7 @@ class ModelInfo:
         tp = config.tensor_parallel_degree
         if tp == 1:
             return
-        if not self.family.tensor_parallel:
+        if not self.family.parallel.tensor:
             raise ConfigError(
                 f"{self.pipeline_class} has no tensor-parallel plan in meshdit (families with one: "
                 f"{', '.join(tensor_parallel_families())}): drop --tensor-parallel-degree and give the ranks to "
@@ -497,7 +498,7 @@ class ModelInfo:
             raise ConfigError(
                 f"--num-pipeline-patch {patches} exceeds the {token_rows} rows of image tokens at this height: "
                 f"use at most {token_rows} patches, or a larger --height.")
-        if self.family.sequence_rows and token_rows // patches < config.sp_degree:
+        if self.family.parallel.sequence_rows and token_rows // patches < config.sp_degree:
             raise ConfigError(
                 f"the smallest of {patches} patches has {token_rows // patches} rows of image tokens, fewer than the "
                 f"{config.sp_degree} sequence-parallel ranks ({self.pipeline_class} splits by whole rows): use fewer "

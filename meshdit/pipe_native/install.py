@@ -105,7 +105,7 @@ def _check_layout(pipe, support, family, config: ParallelConfig) -> None:
                           "data_parallel_degree 1 here.")
     if config.cfg_degree > 1 and (why := support.cfg_refusal()):
         raise ConfigError(why + ".")
-    if config.tensor_parallel_degree > 1 and not family.tensor_parallel:
+    if config.tensor_parallel_degree > 1 and not family.parallel.tensor:
         raise ConfigError(f"{support.transformer_class} has no tensor plan: use tensor_parallel_degree 1 "
                           f"(sequence parallelism runs it).")
 

@@ -9,12 +9,8 @@ from dataclasses import dataclass, replace
 from ..config_files import Field, check_fields, config_path, read_json
 from ..errors import ConfigError
 from ..models.info import MAX_BLOCKS, TRANSFORMER_FIELDS, ModelInfo
+from ..models.record import BlockKind
 from ..vae.settings import UNSPLIT_VAE_REASONS
-
-JOINT_ATTENTION = ("flux", "kontext", "chroma", "qwenimage", "flux2", "sd3", "hunyuanvideo", "hunyuanvideo15",
-                   "cogvideox")
-"""Families whose text tokens join the image tokens in every attention (the others cross-attend to the text)."""
-
 
 MID_ATTENTION_VAES = ("AutoencoderKL", "AutoencoderKLFlux2", "AutoencoderKLWan", "AutoencoderKLQwenImage",
                       "AutoencoderKLHunyuanVideo")
@@ -140,49 +136,12 @@ class ModelCosts:
 def costs_of(model_folder: str, info: ModelInfo) -> ModelCosts:
     cfg = info.transformer_config
     where = config_path(model_folder, "transformer/config.json")
-    needed = ("attention_head_dim",) + (("ffn_dim", "num_layers") if info.family.name == "wan" else
-                                        ("num_layers",) if info.family.name in ("flux2", "sana") else ())
-    check_fields(cfg, _required(TRANSFORMER_FIELDS, needed), where)
+    cost = info.family.costs
+    check_fields(cfg, _required(TRANSFORMER_FIELDS, cost.config_keys), where)
     heads = int(cfg["num_attention_heads"])
     hidden = heads * int(cfg["attention_head_dim"])
-    family = info.family.name
-    mlp_ratio = float(cfg.get("mlp_ratio", 4.0))
-    d = hidden
-    if family == "wan":
-        ffn = int(cfg["ffn_dim"])
-        text_dim = int(cfg.get("text_dim", d))
-        block = Block(image_params=4 * d * d + 2 * d * d + 2 * d * ffn, text_params=0, joint=False,
-                      cross_params=2 * d * d)
-        blocks = (block,) * int(cfg["num_layers"])
-        # text embedder (2 linears), time embedder (2 linears) and its projection to 6 modulations
-        other = text_dim * d + d * d + int(cfg.get("freq_dim", 256)) * d + d * d + 6 * d * d
-        mlp_ratio = ffn / d
-    elif family == "flux2":  # SwiGLU MLPs (in: 2 x ratio, out: ratio), modulation shared outside the blocks
-        stream = 4 * d * d + 3 * int(mlp_ratio * d) * d
-        double = Block(stream, stream, joint=True)
-        single = Block(3 * d * d + 2 * int(mlp_ratio * d) * d + (d + int(mlp_ratio * d)) * d, 0, joint=True,
-                       text_through_image_params=True)
-        blocks = (double,) * int(cfg["num_layers"]) + (single,) * int(cfg.get("num_single_layers", 0))
-        other = int(cfg.get("joint_attention_dim", d)) * d + 6 * 3 * d * d
-    elif family == "sana":  # linear self-attention, cross-attention to the text, Mix-FFN (1x1 convs in and out)
-        mlp = int(mlp_ratio * d)
-        cross = int(cfg.get("cross_attention_dim") or d)
-        block = Block(4 * d * d + 2 * d * cross + 3 * mlp * d, 0, joint=False, cross_params=2 * cross * d,
-                      linear_attention=True)
-        blocks = (block,) * int(cfg["num_layers"])
-        other = int(cfg.get("caption_channels", d)) * d + d * d + 6 * d * d  # caption projection, time embedding
-    elif family in ("flux", "kontext", "chroma", "qwenimage", "hunyuanvideo", "sd3", "pixart", "hunyuandit",
-                    "cogvideox", "ltx", "hunyuanvideo15"):  # Qwen-Image: double-stream blocks only
-        mlp = int(mlp_ratio * d)
-        stream = 4 * d * d + 2 * mlp * d + 6 * d * d  # attention, MLP, AdaLN modulation
-        text_stream = stream if family in JOINT_ATTENTION else 0
-        double = Block(stream, text_stream, joint=family in JOINT_ATTENTION)
-        single = Block(3 * d * d + mlp * d + (d + mlp) * d + 3 * d * d, 0, joint=True, text_through_image_params=True)
-        blocks = (double,) * int(cfg.get("num_layers", 0)) + (single,) * int(cfg.get("num_single_layers", 0))
-        text_dim = int(cfg.get("joint_attention_dim") or cfg.get("text_embed_dim") or d)
-        other = text_dim * d + 2 * d * d
-    else:  # pragma: no cover - every registered family is listed above
-        raise ValueError(f"no cost model for family {family}")
+    blocks, other, mlp_ratio = BLOCK_FORMULAS[cost.blocks](cfg, hidden, float(cfg.get("mlp_ratio", 4.0)),
+                                                           cost.joint_attention)
     vae = read_json(model_folder, "vae/config.json")
     levels, resnets = _vae_levels(vae)
     return ModelCosts(info, hidden, heads, blocks, other, mlp_ratio, *_text_encoder_params(model_folder),
@@ -191,6 +150,54 @@ def costs_of(model_folder: str, info: ModelInfo) -> ModelCosts:
                       vae.get("_class_name") not in UNSPLIT_VAE_REASONS,
                       vae.get("_class_name") in MID_ATTENTION_VAES and vae.get("mid_block_add_attention", True),
                       vae.get("_class_name") in CONV3D_VAES)
+
+
+def _double_single(cfg: dict, d: int, mlp_ratio: float, joint: bool) -> tuple[tuple[Block, ...], int, float]:
+    """AdaLN double-stream blocks (text with a stream of its own where joint, else only attended to) and
+    single-stream blocks (Qwen-Image: double-stream blocks only)."""
+    mlp = int(mlp_ratio * d)
+    stream = 4 * d * d + 2 * mlp * d + 6 * d * d  # attention, MLP, AdaLN modulation
+    double = Block(stream, stream if joint else 0, joint=joint)
+    single = Block(3 * d * d + mlp * d + (d + mlp) * d + 3 * d * d, 0, joint=True, text_through_image_params=True)
+    blocks = (double,) * int(cfg.get("num_layers", 0)) + (single,) * int(cfg.get("num_single_layers", 0))
+    text_dim = int(cfg.get("joint_attention_dim") or cfg.get("text_embed_dim") or d)
+    return blocks, text_dim * d + 2 * d * d, mlp_ratio
+
+
+def _swiglu_double_single(cfg: dict, d: int, mlp_ratio: float, joint: bool) -> tuple[tuple[Block, ...], int, float]:
+    """SwiGLU MLPs (in: 2 x ratio, out: ratio), modulation shared outside the blocks (FLUX.2)."""
+    stream = 4 * d * d + 3 * int(mlp_ratio * d) * d
+    double = Block(stream, stream if joint else 0, joint=joint)
+    single = Block(3 * d * d + 2 * int(mlp_ratio * d) * d + (d + int(mlp_ratio * d)) * d, 0, joint=True,
+                   text_through_image_params=True)
+    blocks = (double,) * int(cfg["num_layers"]) + (single,) * int(cfg.get("num_single_layers", 0))
+    return blocks, int(cfg.get("joint_attention_dim", d)) * d + 6 * 3 * d * d, mlp_ratio
+
+
+def _self_cross_ffn(cfg: dict, d: int, mlp_ratio: float, joint: bool) -> tuple[tuple[Block, ...], int, float]:
+    """Self-attention, cross-attention to the text (its K/V projections applied to text tokens), an FFN of ffn_dim
+    (Wan); mlp_ratio is ffn_dim / hidden."""
+    ffn = int(cfg["ffn_dim"])
+    text_dim = int(cfg.get("text_dim", d))
+    block = Block(image_params=4 * d * d + 2 * d * d + 2 * d * ffn, text_params=0, joint=False, cross_params=2 * d * d)
+    # text embedder (2 linears), time embedder (2 linears) and its projection to 6 modulations
+    other = text_dim * d + d * d + int(cfg.get("freq_dim", 256)) * d + d * d + 6 * d * d
+    return (block,) * int(cfg["num_layers"]), other, ffn / d
+
+
+def _linear_mix_ffn(cfg: dict, d: int, mlp_ratio: float, joint: bool) -> tuple[tuple[Block, ...], int, float]:
+    """Linear self-attention, cross-attention to the text, Mix-FFN (1x1 convs in and out) (SANA)."""
+    mlp = int(mlp_ratio * d)
+    cross = int(cfg.get("cross_attention_dim") or d)
+    block = Block(4 * d * d + 2 * d * cross + 3 * mlp * d, 0, joint=False, cross_params=2 * cross * d,
+                  linear_attention=True)
+    other = int(cfg.get("caption_channels", d)) * d + d * d + 6 * d * d  # caption projection, time embedding
+    return (block,) * int(cfg["num_layers"]), other, mlp_ratio
+
+
+BLOCK_FORMULAS = {BlockKind.DOUBLE_SINGLE: _double_single, BlockKind.SWIGLU_DOUBLE_SINGLE: _swiglu_double_single,
+                  BlockKind.SELF_CROSS_FFN: _self_cross_ffn, BlockKind.LINEAR_MIX_FFN: _linear_mix_ffn}
+"""A record's costs.blocks -> (config, hidden, mlp_ratio, joint) -> (blocks, parameters outside them, mlp_ratio)."""
 
 
 def _required(fields: dict, names: tuple[str, ...]) -> dict:

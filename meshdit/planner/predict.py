@@ -24,9 +24,6 @@ USABLE_MEMORY = 0.9
 ULYSSES_BUFFERS = 6
 """Extra hidden-sized (per rank) tensors Ulysses holds at its peak: q, k, v packed for the all-to-all and received
 (measured on the benchmark model, docs/planner.md "Memory predictions checked")."""
-BATCHED_BRANCH_FAMILIES = frozenset({"sd3", "cogvideox", "hunyuandit", "ltx", "pixart", "sana"})
-"""Families whose recipe runs both guidance branches as one batched call (Recipe.batch_branches; tested equal):
-the others run them one after the other, so one branch's activations are alive at a time."""
 TP_REDUCES_PER_BLOCK = 2
 """All-reduces tensor parallelism adds per block (after the attention's and the MLP's row-parallel Linears)."""
 FP8_KV_BYTES = 1.1
@@ -152,7 +149,7 @@ def predict(layout: Layout, costs: ModelCosts, world: World, request: GenerateRe
     # per rank: the busiest step's branches dealt round-robin over the cfg ranks (parallel/cfg.py)
     branches = math.ceil(info.guidance_branches(request.guidance_scale, request.extra) / cfg)
     batch = math.ceil(images / dp) * branches
-    batched = info.family.name in BATCHED_BRANCH_FAMILIES
+    batched = info.family.costs.batched_branches  # one call for every branch (Recipe.batch_branches)
     live_batch = batch if batched else math.ceil(images / dp)
     calls = 1 if batched else branches  # transformer calls per step: each sends its own messages
     image_tokens = costs.tokens(request.height, request.width, request.num_frames)

@@ -29,12 +29,12 @@ from ..models.tiny.hunyuanvideo15 import (byt5_text_model, qwen_text_model, qwen
 
 def tiny_module(family: ModelFamily):
     """The family's tiny module: BUILDERS, TESTS (a models.tiny.TinyTests), GUARD_CASES."""
-    return importlib.import_module(family.tiny_module)
+    return importlib.import_module(family.modules.tiny)
 
 
 def tiny_families(video: bool | None = None) -> list[tuple[ModelFamily, object]]:
     """(row, tiny module) of every family with one; video True / False: only video / image families."""
-    return [(f, tiny_module(f)) for f in registry.FAMILIES if f.tiny_module and (video is None or f.is_video == video)]
+    return [(f, tiny_module(f)) for f in registry.FAMILIES if f.modules.tiny and (video is None or f.is_video == video)]
 
 
 def _builders() -> dict:

@@ -64,12 +64,14 @@ def write_package(root: str) -> None:
 
 def extra_row():
     """The family's registry row: PixArt's rules under the new family's names, module and tiny module."""
+    from meshdit.models.record import Modules
     from meshdit.models.registry import FAMILIES
 
     pixart = next(f for f in FAMILIES if f.name == "pixart")
     return dataclasses.replace(pixart, name=NAME, transformer_class="ExtraTransformer2DModel",
-                               pipeline_classes=("ExtraPipeline",), module=f"{PACKAGE}.family",
-                               max_sequence_length_by_pipeline={}, tiny_module=f"{PACKAGE}.tiny")
+                               pipeline_classes=("ExtraPipeline",),
+                               modules=Modules(f"{PACKAGE}.family", f"{PACKAGE}.tiny"),
+                               defaults=dataclasses.replace(pixart.defaults, max_sequence_length_by_pipeline={}))
 
 
 class registered:

@@ -105,7 +105,7 @@ def test_tensor_plan_splits_what_the_diffusers_tp_plan_names(family):
     from meshdit.parallel.plan import COLUMN, ROW, Packed
     from meshdit.parallel.tensor import resolve, tensor_plan_for
 
-    assert family.tensor_parallel, f"{family.name}: its transformer has a _tp_plan, the registry row says no tp"
+    assert family.parallel.tensor, f"{family.name}: its transformer has a _tp_plan, the registry row says no tp"
     transformer = tiny_pipeline(family.name).transformer
     names = {id(m): n for n, m in transformer.named_modules()}
     theirs = {}

@@ -57,5 +57,5 @@ def test_every_file_the_family_how_to_names_exists():
 def test_every_row_names_modules_that_exist():
     """Each row's module and tiny module are files of the package (imported only when a family runs)."""
     for family in FAMILIES:
-        for module in (family.module, family.tiny_module):
+        for module in (family.modules.plan, family.modules.tiny):
             assert (ROOT / (module.replace(".", "/") + ".py")).is_file(), (family.name, module)

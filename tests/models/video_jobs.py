@@ -30,7 +30,7 @@ def request(name: str, pipe, prompts=None, steps: int = 2, seed: int = 3) -> Gen
     """An image-to-video pipeline (Wan I2V) animates sample_image(); a model with a fixed text length (Wan I2V: 512,
     CogVideoX's sin-cos table: its max_text_seq_length, HunyuanVideo 1.5: 1000) takes its default length."""
     family = family_for_pipeline(type(pipe).__name__)
-    i2v = type(pipe).__name__ in family.image_to_video_pipelines
+    i2v = type(pipe).__name__ in family.video.image_to_video_pipelines
     height, width = size(name)
     extra = {} if family.is_text_length_fixed(pipe.transformer.config) else {"max_sequence_length": TEXT}
     extra.update(tiny_tests(name).request_extra)

@@ -30,7 +30,7 @@ def request(name: str, height: int, width: int, seed: int = 3, steps: int = 2, p
     if tests.prompt_embeds:  # a tiny pipeline without a text encoder: fixed prompt embeddings, one row per prompt
         extra["prompt_embeds"] = torch.randn(len(prompts), *tests.prompt_embeds,
                                              generator=torch.Generator().manual_seed(7))
-    edits = type(pipeline(name)).__name__ in family_for_pipeline(type(pipeline(name)).__name__).image_edit_pipelines
+    edits = type(pipeline(name)).__name__ in family_for_pipeline(type(pipeline(name)).__name__).images.edit_pipelines
     settings.setdefault("image", sample_image(height, width) if edits else None)  # an edit pipeline's input image
     return GenerateRequest(prompt=prompts, height=height, width=width, num_inference_steps=steps, seed=seed,
                            guidance_scale=tests.guidance, num_images_per_prompt=per_prompt, extra=extra, **settings)

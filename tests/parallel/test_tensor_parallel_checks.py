@@ -50,4 +50,4 @@ def test_the_registry_flag_matches_the_plans(family):
     plan = family.plan().tensor
     has_plan = (plan is not None and bool(plan.styles)) or bool(
         getattr(getattr(diffusers, family.transformer_class), "_tp_plan", None))
-    assert family.tensor_parallel == has_plan
+    assert family.parallel.tensor == has_plan

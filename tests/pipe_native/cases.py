@@ -143,7 +143,7 @@ def _guard_cases() -> dict[str, Case]:
 
     found: dict[str, Case] = {}
     for family in FAMILIES:
-        module = importlib.import_module(family.tiny_module)
+        module = importlib.import_module(family.modules.tiny)
         for guard in module.GUARD_CASES.values():
             cls = _class_of(family, guard.build)
             if cls in CASES or cls in found:

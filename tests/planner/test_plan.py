@@ -124,7 +124,7 @@ def test_tensor_parallel_splits_the_blocks_and_adds_two_all_reduces_per_block():
     assert tp4.comm_s > 0 and tp4.layout.flags().startswith("--tensor-parallel-degree 4")
     # a family without a tensor-parallel plan (HunyuanVideo) gets no tp layout
     _, video, _ = load_model("hunyuanvideo")
-    assert not video.family.tensor_parallel
+    assert not video.family.parallel.tensor
     video_request = GenerateRequest(prompt="p", num_frames=33, height=320, width=512).with_defaults(
         video.request_defaults())
     assert all(layout.degree(MeshAxis.TP) == 1 for layout in legal_layouts(video, video_request, 4))
@@ -253,14 +253,15 @@ def test_sizes_parse():
 
 
 def test_batched_branch_families_match_the_recipes():
-    """The planner's list of families that run both guidance branches in one call is the recipes' own flag."""
+    """Each record's cost model says its recipe runs both guidance branches in one call exactly where the recipe's
+    own flag says so."""
     import importlib
 
     from meshdit.models.registry import FAMILIES
-    from meshdit.planner.predict import BATCHED_BRANCH_FAMILIES
 
-    batched = {f.name for f in FAMILIES if importlib.import_module(f.module).RECIPE.batch_branches}
-    assert batched == BATCHED_BRANCH_FAMILIES
+    for family in FAMILIES:
+        recipe = importlib.import_module(family.modules.plan).RECIPE
+        assert family.costs.batched_branches == recipe.batch_branches, family.name
 
 
 def test_the_cfg_axis_takes_as_many_groups_as_the_requests_branches(capsys):

@@ -102,7 +102,7 @@ def test_every_video_family_is_served(tmp_path):
             height, width = FIXED_SIZE.get(name, (64, 64))
             settings = serve_settings(build_parser().parse_args([
                 "serve", "--model", str(folder), "--height", str(height), "--width", str(width), "--num-frames", "9"]))
-            assert (settings.request.num_frames, settings.request.fps) == (9, family.default_fps), name
+            assert (settings.request.num_frames, settings.request.fps) == (9, family.video.fps), name
     with pytest.raises(Exception, match="--num-frames is for video models"):
         serve_settings(build_parser().parse_args(["serve", "--num-frames", "9"]))
     with pytest.raises(Exception, match="each video request makes one video"):

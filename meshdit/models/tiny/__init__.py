@@ -1,6 +1,6 @@
 """Each family's tiny random-weight pipelines, built in code (no downloads), for tests and benchmarks.
 
-A family's registry row names its tiny module (`ModelFamily.tiny_module`: `meshdit.models.tiny.<family>`), which
+A family's record names its tiny module (`ModelFamily.modules.tiny`: `meshdit.models.tiny.<family>`), which
 holds, beside the family's plan and recipe in `meshdit.models.<family>`:
 
 - `BUILDERS`: {name: builder(seed=0) -> pipeline}. Each builder seeds torch, so the same call gives the same
