@@ -26,9 +26,9 @@ PACKAGE = ROOT / "meshdit"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("errors", "lazy", "logs", "flag_spec", "memory", "output", "preflight", "prompt_vocabulary",
                     "input_image", "default_model", "phases")),
-    ("settings", ("config", "mesh_axes", "config_files", "lora_files", "flags", "models.registry", "models.info", "vae.settings",
+    ("settings", ("config", "config_files", "lora_files", "flags", "models.registry", "models.info", "vae.settings",
                   "quant.settings", "loading.options", "engine_settings",
-                  "request_cost", "cache_settings", "planner")),
+                  "request_cost", "cache_settings", "planner", "mesh_axes")),
     ("distributed", ("distributed", "rank_errors")),
     ("quant", ("quant",)),
     ("attention", ("attention",)),

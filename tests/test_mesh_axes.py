@@ -190,3 +190,12 @@ def test_flags_named_in_messages_and_docs_are_the_tables():
                       if m not in flags})
     assert not unknown, "a degree flag no row of meshdit/mesh_axes.AXES has:\n" + "\n".join(unknown)
 
+
+
+def test_the_layouts_page_lists_the_tables_axes_and_a_row_per_flag():
+    """docs/layouts.md names the axes in the mesh's order, and its method table has a row for each axis's flag."""
+    page = (ROOT / "docs" / "layouts.md").read_text(encoding="utf-8")
+    listed = re.search(r"A layout is a degree per mesh axis, `([a-z, ]+)`", page).group(1)
+    assert listed.split(", ") == [a.value for a in MESH_AXES]
+    method_rows = page.split("## What each method splits")[1].split("\n## ")[0]
+    assert all(f"(`{a.flag_text} " in method_rows for a in AXES)

@@ -44,7 +44,8 @@ def load_pipeline_efficiently(model: str, device: torch.device, dtype: torch.dty
     family = family_for_transformer(component_class(folder, "transformer").__name__)
     select = on_loaded = None
     if mesh.size(MeshAxis.PP) > 1:
-        select = lambda skeleton: stage_keep(skeleton, family.plan().stages, mesh.local_rank(MeshAxis.PP), mesh.size(MeshAxis.PP))  # noqa: E731
+        select = lambda skeleton: stage_keep(skeleton, family.plan().stages, mesh.local_rank(MeshAxis.PP),  # noqa: E731
+                                             mesh.size(MeshAxis.PP))
     if mesh.size(MeshAxis.TP) > 1:  # each Linear of the blocks cut to this rank's shard as it lands
         from ..parallel.tensor import ShardWhileLoading
 

@@ -27,4 +27,5 @@ def gather(image: torch.Tensor, batch_size: int, mesh) -> torch.Tensor:
 
     NOTE: all ranks of the dp axis join this gather.
     """
-    return all_gather_uneven(image, 0, split_sizes(batch_size, mesh.size(MeshAxis.DP)), mesh.group(MeshAxis.DP), "dp_all_gather")
+    sizes = split_sizes(batch_size, mesh.size(MeshAxis.DP))
+    return all_gather_uneven(image, 0, sizes, mesh.group(MeshAxis.DP), "dp_all_gather")
