@@ -170,6 +170,7 @@ def test_the_device_mesh_gets_the_tables_dims_and_derived_groups(monkeypatch):
         return Recorded(mesh_dim_names)
 
     config = ParallelConfig(cfg_degree=2, ring_degree=3, tensor_parallel_degree=2)
+    layout_degree = Layout.of(config).degree
     monkeypatch.setattr(mesh_module, "init_device_mesh", init_device_mesh)
     monkeypatch.setattr(mesh_module.dist, "get_world_size", lambda: config.world_size)
     mesh = mesh_module.ParallelMesh.build(config, torch.device("cpu"))
@@ -177,8 +178,9 @@ def test_the_device_mesh_gets_the_tables_dims_and_derived_groups(monkeypatch):
     assert built["shape"] == tuple(getattr(config, a.field) for a in AXES)
     assert built["flattened"] == [(g.name.value, tuple(a.value for a in g.axes)) for g in DERIVED_GROUPS]
     assert set(mesh.derived) == {g.name for g in DERIVED_GROUPS}
-    with pytest.raises(ValueError, match="not a valid MeshAxis"):
-        mesh.size("pipefusion")
+    for lookup in (mesh.size, mesh_module.SingleProcessMesh(torch.device("cpu")).size, layout_degree):
+        with pytest.raises(ValueError, match="not a valid MeshAxis"):
+            lookup("pipefusion")
 
 
 def test_flags_named_in_messages_and_docs_are_the_tables():

@@ -112,10 +112,13 @@ class SingleProcessMesh:
     is_output_rank = True
 
     def group(self, axis: MeshAxis) -> None:
+        MeshAxis(axis)  # a misspelt name fails here as on a ParallelMesh
         return None
 
     def size(self, axis: MeshAxis) -> int:
+        MeshAxis(axis)
         return 1
 
     def local_rank(self, axis: MeshAxis) -> int:
+        MeshAxis(axis)
         return 0

@@ -41,7 +41,7 @@ class Layout:
         return cls(tuple(config.degrees.items()), **choices)
 
     def degree(self, axis: MeshAxis) -> int:
-        return dict(self.degrees).get(axis, 1)
+        return dict(self.degrees).get(MeshAxis(axis), 1)  # a misspelt name fails, as on the mesh
 
     @property
     def world_size(self) -> int:
