@@ -120,8 +120,6 @@ MESH_AXES: tuple[MeshAxis, ...] = tuple(a.name for a in AXES)
 """The DeviceMesh's dims, outermost first."""
 _BY_NAME = {a.name: a for a in AXES}
 _DERIVED_BY_NAME = {g.name: g for g in DERIVED_GROUPS}
-SP_AXES = _DERIVED_BY_NAME[MeshAxis.SP].axes
-IMAGE_AXES = _DERIVED_BY_NAME[MeshAxis.IMAGE].axes
 
 
 def axis(name: str) -> Axis:
