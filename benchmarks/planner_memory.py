@@ -80,15 +80,14 @@ def measure(folder: str, name: str, request, degrees: dict) -> list[dict]:
 
 
 def predicted(folder: str, request, degrees: dict, rank: int):
-    from meshdit.config import MeshAxis
+    from meshdit.mesh_axes import AXES, MeshAxis
     from meshdit.planner.choose import load_model
     from meshdit.planner.hardware import world_from
-    from meshdit.planner.layouts import AXIS_FIELDS, Layout
+    from meshdit.planner.layouts import Layout
     from meshdit.planner.predict import predict
 
     _, info, costs = load_model(folder)
-    fields = {field: axis for axis, field in AXIS_FIELDS.items()}
-    layout = Layout(tuple((axis, degrees.get(field, 1)) for field, axis in fields.items()),
+    layout = Layout(tuple((a.name, degrees.get(a.field, 1)) for a in AXES),
                     vae="plain", offload="offload" in degrees)
     world = world_from("cpu-here", layout.world_size, 1)
     inner = layout.sp * layout.degree(MeshAxis.TP)  # ranks inside one stage (ring, ulysses, tp vary faster)

@@ -7,44 +7,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from enum import Enum
 
 from .errors import ConfigError
 from .cache_settings import CacheSettings
-from .flag_spec import flag_specs, flagged
+from .flag_spec import flagged
 from .lora_files import MAX_LORA_WEIGHT, check_lora_weight, parse_lora_flag
+from .mesh_axes import AXES, MeshAxis, axis, degree_field, derived_group
 
-
-class MeshAxis(str, Enum):
-    """The names of the mesh's axes and of the groups derived from them (a str, so `mesh.group("pp")` works too)."""
-
-    DP = "dp"
-    CFG = "cfg"
-    PP = "pp"
-    RING = "ring"
-    ULYSSES = "ulysses"
-    TP = "tp"
-    """Tensor parallelism: each block's weights split over the ranks (parallel/tensor.py)."""
-    SP = "sp"
-    """Derived (SP_AXES): ring x ulysses, the ranks that share one sequence."""
-    IMAGE = "image"
-    """Derived (IMAGE_AXES): cfg x pp x ring x ulysses x tp, the ranks that share one image."""
-
-    def __str__(self) -> str:
-        return self.value
-
-
-# Mesh axes, outermost to innermost (DESIGN.md): tp innermost (contiguous ranks), since it sends the most
-# (two all-reduces of the whole activation per block, none of it overlapped) and contiguous ranks are the
-# ones that share the fastest links (one host, one switch); then Ulysses groups, ring groups strided,
-# then pipefusion, cfg and data outside them (xDiT's order: tp, sp, pp, cfg, dp).
-MESH_AXES = (MeshAxis.DP, MeshAxis.CFG, MeshAxis.PP, MeshAxis.RING, MeshAxis.ULYSSES, MeshAxis.TP)
-SP_AXES = (MeshAxis.RING, MeshAxis.ULYSSES)  # flattened into MeshAxis.SP
-IMAGE_AXES = (MeshAxis.CFG, MeshAxis.PP, MeshAxis.RING, MeshAxis.ULYSSES, MeshAxis.TP)  # flattened: MeshAxis.IMAGE
 
 # torch.compile backends --compile offers (the API takes any registered backend name).
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
-MAX_CFG_DEGREE = 4  # guidance branches per step in any family (CFG 2; SD3's skip-layer guidance 3; guiders up to 4)
 MAX_SIDE = 8192  # pixels; larger sides are refused before anything allocates (a 100000 px side asks for gigabytes)
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
 MAX_STEPS, MAX_FRAMES, MAX_TEXT_TOKENS = 10_000, 10_000, 65_536  # far above any pipeline's; bounded so the cost
@@ -64,32 +36,13 @@ class ParallelConfig:
 
     PipeFusion's run-time settings (warmup steps, patches) are per generation: GenerateRequest's."""
 
-    data_parallel_degree: int = flagged(
-        1, flag="data-parallel-degree", type=int, metavar="D",
-        help="split the images (prompts x images per prompt) over D rank groups (default: 1)")
-    cfg_degree: int = flagged(
-        1, flag="cfg-degree", type=int, metavar="D",
-        help=f"CFG parallelism: the guidance branches of each step dealt round-robin over D rank groups, D = 1.."
-             f"{MAX_CFG_DEGREE}, at most the request's branches: 2 with classifier-free guidance (every family "
-             "not guidance-distilled, at guidance > 1), 3 with SD3's skip-layer guidance (--extra "
-             "skip_guidance_layers=[...]), 1 on guidance-distilled models (FLUX.1-dev, FLUX.2); docs/layouts.md "
-             "(default: 1)",
-        switches=(("use-cfg-parallel", 2, "the same as --cfg-degree 2, xDiT's switch (default: off)"),))
-    pipefusion_parallel_degree: int = flagged(
-        1, flag="pipefusion-parallel-degree", type=int, metavar="P",
-        help="PipeFusion: transformer blocks in P pipeline stages over image patches, with one-step-stale "
-             "K/V after the warmup steps (approximate; default: 1, off)")
-    ring_degree: int = flagged(
-        1, flag="ring-degree", type=int, metavar="R",
-        help="ring attention: K/V blocks passed around R ranks (default: 1)")
-    ulysses_degree: int = flagged(
-        1, flag="ulysses-degree", type=int, metavar="U",
-        help="Ulysses sequence parallelism: all-to-all between sequence and head shards; at most the model's "
-             "attention heads (default: 1)")
-    tensor_parallel_degree: int = flagged(
-        1, flag="tensor-parallel-degree", type=int, metavar="T",
-        help="tensor parallelism: each transformer block's attention heads and MLP split over T ranks, two "
-             "all-reduces per block; cuts weight memory per rank (docs/tensor-parallel.md) (default: 1)")
+    # One degree per mesh axis, in the mesh's order; flag, help and meaning are the axis table's (mesh_axes.AXES).
+    data_parallel_degree: int = degree_field(MeshAxis.DP)
+    cfg_degree: int = degree_field(MeshAxis.CFG)
+    pipefusion_parallel_degree: int = degree_field(MeshAxis.PP)
+    ring_degree: int = degree_field(MeshAxis.RING)
+    ulysses_degree: int = degree_field(MeshAxis.ULYSSES)
+    tensor_parallel_degree: int = degree_field(MeshAxis.TP)
     compile: str | None = flagged(
         None, flag="compile", aliases=("use-torch-compile", "use_torch_compile"), nargs="?", const="inductor",
         choices=COMPILE_BACKENDS, metavar="BACKEND",
@@ -101,20 +54,17 @@ class ParallelConfig:
         return math.prod(self.degrees.values())
 
     @property
-    def degrees(self) -> dict[str, int]:
-        """Degree per mesh axis name, outermost first."""
-        return {
-            MeshAxis.DP: self.data_parallel_degree,
-            MeshAxis.CFG: self.cfg_degree,
-            MeshAxis.PP: self.pipefusion_parallel_degree,
-            MeshAxis.RING: self.ring_degree,
-            MeshAxis.ULYSSES: self.ulysses_degree,
-            MeshAxis.TP: self.tensor_parallel_degree,
-        }
+    def degrees(self) -> dict[MeshAxis, int]:
+        """Degree per mesh axis, outermost first (the axis table's order)."""
+        return {a.name: getattr(self, a.field) for a in AXES}
 
     @property
     def sp_degree(self) -> int:
-        return self.ring_degree * self.ulysses_degree
+        return self.group_size(MeshAxis.SP)
+
+    def group_size(self, group: MeshAxis) -> int:
+        """Ranks in one derived group (mesh_axes.DERIVED_GROUPS): sp = ring x ulysses."""
+        return math.prod(self.degrees[a] for a in derived_group(group).axes)
 
     def describe(self) -> str:
         parts = [f"{k}{v}" for k, v in self.degrees.items() if v > 1]
@@ -125,17 +75,14 @@ class ParallelConfig:
         """Checks that need no model: positive degrees, supported axes, world size."""
         if self.compile is not None and (not isinstance(self.compile, str) or not self.compile):
             raise ConfigError(f"--compile takes a torch.compile backend name such as 'inductor', got {self.compile!r}.")
-        for f, spec in flag_specs(type(self)):  # the degrees
-            value = getattr(self, f.name)
-            if spec.argparse.get("type") is not int:
-                continue
+        for a, value in self.degrees.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                flag = f"--{spec.name}"
+                flag = axis(a).flag_text
                 raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}: use {flag} 1 or more.")
-        if self.cfg_degree > MAX_CFG_DEGREE:
-            raise ConfigError(f"--cfg-degree {self.cfg_degree}: no family runs more than {MAX_CFG_DEGREE} guidance "
-                              f"branches per step (one rank group per branch at most): use --cfg-degree <= "
-                              f"{MAX_CFG_DEGREE}.")
+            limit = axis(a).max_degree
+            if limit is not None and value > limit:
+                flag = axis(a).flag_text
+                raise ConfigError(f"{flag} {value}: {axis(a).max_degree_reason}: use {flag} <= {limit}.")
         if world_size is not None and world_size != self.world_size:
             raise ConfigError(
                 f"The degrees multiply to {self.world_size} ({self._product_text()}) but the world has "

@@ -14,6 +14,7 @@ from .config import GenerateRequest, ParallelConfig
 from .engine_settings import EngineSettings, check_lora_layout
 from .errors import ConfigError
 from .lora_files import adapters_for_experts
+from .mesh_axes import MeshAxis
 from .distributed.mesh import ParallelMesh, SingleProcessMesh
 from .loading.options import LoadOptions
 from .models.info import ModelInfo
@@ -136,7 +137,7 @@ class Engine:
         if mesh is None:
             logging.getLogger("meshdit").info("meshdit: running %s on %s", settings.model, device)
         # a pipeline that takes an input image encodes it with the VAE on every rank (each prepares its request)
-        group = mesh.group("image") if mesh is not None else None
+        group = mesh.group(MeshAxis.IMAGE) if mesh is not None else None
         vae_here = decodes_here(settings.vae, group) or infos[0].takes_image
         fp8 = settings.fp8 if settings.fp8 else None
         with _progress_bars(settings.verbose if show_progress is None else show_progress):
@@ -322,8 +323,8 @@ class Engine:
         if self.mesh.config.pipefusion_parallel_degree > 1:  # this stage's blocks only
             from .loading.stages import stage_keep
 
-            keep = stage_keep(self.pipe.transformer, self.info.family.plan().stages, self.mesh.local_rank("pp"),
-                              self.mesh.size("pp"))
+            keep = stage_keep(self.pipe.transformer, self.info.family.plan().stages, self.mesh.local_rank(MeshAxis.PP),
+                              self.mesh.size(MeshAxis.PP))
         try:
             for name, path in self.adapters.items():
                 count = load_adapter(self.pipe, name, path, keep, self.adapter_experts.get(name, (FIRST_EXPERT,)))

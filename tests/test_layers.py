@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                     "input_image", "default_model", "phases")),
     ("settings", ("config", "config_files", "lora_files", "flags", "models.registry", "models.info", "vae.settings",
                   "quant.settings", "loading.options", "engine_settings",
-                  "request_cost", "cache_settings", "planner", "models.record", "models.records")),
+                  "request_cost", "cache_settings", "planner", "models.record", "models.records", "mesh_axes")),
     ("distributed", ("distributed", "rank_errors")),
     ("quant", ("quant",)),
     ("attention", ("attention",)),

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ..distributed.comm import all_reduce, split_sizes
 from ..cache_settings import CacheSettings
+from ..mesh_axes import MeshAxis
 from .step_cache import StepCache
 
 
@@ -43,8 +44,8 @@ class CacheRun:
     def __init__(self, transformers, plan, settings: CacheSettings, mesh, branches: list[str], local: list[str],
                  steps: int) -> None:
         self.mesh, self.branches, self.local, self.steps = mesh, branches, local, steps
-        stages = mesh.group("pp") if mesh.size("pp") > 1 else None
-        self.caches = [StepCache(t, plan, settings, mesh.group("sp"), stages) for t in transformers]
+        stages = mesh.group(MeshAxis.PP) if mesh.size(MeshAxis.PP) > 1 else None
+        self.caches = [StepCache(t, plan, settings, mesh.group(MeshAxis.SP), stages) for t in transformers]
 
     def wrap(self, on_step):
         """on_step, telling the caches each step first."""
@@ -61,7 +62,7 @@ class CacheRun:
         import torch
 
         codes = torch.zeros(len(self.branches), total_images, self.steps, dtype=torch.int32)
-        offset = sum(split_sizes(total_images, self.mesh.size("dp"))[:self.mesh.local_rank("dp")])
+        offset = sum(split_sizes(total_images, self.mesh.size(MeshAxis.DP))[:self.mesh.local_rank(MeshAxis.DP)])
         for cache in self.caches:  # Wan 2.2: each expert fills the steps it ran
             for slot_index, rows in enumerate(cache.masks()):
                 batched = len(self.local) > 1 and len(rows) == len(self.local) * batch_size

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..attention.router import apply_attention_backend
 from ..distributed.mesh import ParallelMesh, SingleProcessMesh
+from ..mesh_axes import MeshAxis
 from ..parallel.offload import apply_block_offload
 from ..parallel.pipefusion import PipeFusion
 from ..parallel.plan import ModelPlan
@@ -62,7 +63,7 @@ def parallelize(pipe, plan: ModelPlan, mesh: ParallelMesh | SingleProcessMesh, f
             # after PipeFusion's cut (every tp rank of a stage cuts the same whole blocks), before FP8 (the
             # shards are quantized, not the whole weights); attention then runs over the local heads
             tensor = apply_tensor_parallel(transformer, tensor_plan_for(transformer, plan.tensor), plan.stages,
-                                           mesh.group("tp"))
+                                           mesh.group(MeshAxis.TP))
         if fp8 is not None and fp8.gemm:
             # after PipeFusion's split: stages balance as without FP8, and only this stage's blocks are quantized
             fp8_runtime.quantize_transformer(transformer, [spec.path for spec in plan.stages.blocks])

@@ -17,6 +17,7 @@ from ..cache.run import cached_denoising
 from ..distributed.comm import all_gather_uneven, all_reduce, broadcast_from, broadcast_object, split_sizes
 from ..denoising.loop import denoise
 from ..denoising.pipefusion_loop import pipefusion_denoise
+from ..mesh_axes import MeshAxis
 from ..vae import decode, decodes_here, share_images
 from ..parallel import data
 
@@ -43,7 +44,7 @@ class Parallelized:
         cache's (`request.cache`; its report lands in `cache_report`); total_images: the batch's images over
         the data-parallel ranks (default: this rank's)."""
         total_images = state.batch_size if total_images is None else total_images
-        cfg_group = self.mesh.group("cfg")
+        cfg_group = self.mesh.group(MeshAxis.CFG)
         self.cache_report = None
         # -- step cache (meshdit/cache): hooks for this generation only, when the request asks for one --
         with cached_denoising(self, state, request.cache, cfg_group) as cache:
@@ -67,7 +68,7 @@ class Parallelized:
         VAE (all of the group with parallel decode, else its rank 0, which sends the images on);
         vae_kwargs: passed on to vae.decode (LTX's timestep `temb`).
         """
-        group = self.mesh.group("image")
+        group = self.mesh.group(MeshAxis.IMAGE)
         image = decode(vae, vae_input(), settings, group, **vae_kwargs) if decodes_here(settings, group) else None
         return share_images(image, settings, group, device)
 
@@ -79,12 +80,12 @@ class Parallelized:
         step) -> the whole batch's [batch_size, ...] on every rank: from the last stage, then over dp.
         NOTE: every rank of the mesh joins."""
         if self.pipefusion is not None and self.pipefusion.num_stages > 1:
-            group, last = self.mesh.group("pp"), self.pipefusion.num_stages - 1
+            group, last = self.mesh.group(MeshAxis.PP), self.pipefusion.num_stages - 1
             keys = broadcast_object(sorted(record) if record else None, last, group, "trajectory_keys")
             record = {k: broadcast_from(record[k].contiguous() if record else None, last, group,
                                         "trajectory_broadcast", self.mesh.device) for k in keys}
-        sizes = split_sizes(batch_size, self.mesh.size("dp"))
-        return {k: all_gather_uneven(v.contiguous(), 0, sizes, self.mesh.group("dp"), "trajectory_all_gather")
+        sizes = split_sizes(batch_size, self.mesh.size(MeshAxis.DP))
+        return {k: all_gather_uneven(v.contiguous(), 0, sizes, self.mesh.group(MeshAxis.DP), "trajectory_all_gather")
                 for k, v in record.items()}
 
     def agreed(self, on_step, device):

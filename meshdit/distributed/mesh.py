@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from ..config import IMAGE_AXES, MESH_AXES, SP_AXES, MeshAxis, ParallelConfig
+from ..config import ParallelConfig
+from ..mesh_axes import DERIVED_GROUPS, MESH_AXES, MeshAxis
 from .ports import free_port
 from .watch import joined_world
 
@@ -55,37 +56,35 @@ def teardown_distributed() -> None:
 
 @dataclass
 class ParallelMesh:
-    """The DeviceMesh with axes dp, cfg, pp, ring, ulysses, tp and the groups derived from it."""
+    """The DeviceMesh with one dim per axis of the axis table (mesh_axes.AXES: dp, cfg, pp, ring, ulysses, tp) and
+    the groups derived from them (mesh_axes.DERIVED_GROUPS: sp, image)."""
 
     config: ParallelConfig
     mesh: DeviceMesh
     device: torch.device
-    sp_mesh: DeviceMesh  # ring x ulysses flattened: the ranks that share one sequence
-    image_mesh: DeviceMesh  # cfg x pp x ring x ulysses x tp flattened: the ranks that make the same images
+    derived: dict[MeshAxis, DeviceMesh]  # each derived group's axes flattened into one dim
 
     @classmethod
     def build(cls, config: ParallelConfig, device: torch.device) -> "ParallelMesh":
         config.validate(dist.get_world_size())
         shape = tuple(config.degrees[a] for a in MESH_AXES)
         mesh = init_device_mesh(device.type, shape, mesh_dim_names=tuple(a.value for a in MESH_AXES))
-        # NOTE: flattening creates a process group, so every rank builds it here,
-        # in the same order, whether or not it uses sequence parallelism.
-        sp_mesh = mesh[tuple(a.value for a in SP_AXES)]._flatten(MeshAxis.SP.value)
-        image_mesh = mesh[tuple(a.value for a in IMAGE_AXES)]._flatten(MeshAxis.IMAGE.value)
-        return cls(config, mesh, device, sp_mesh, image_mesh)
+        # NOTE: flattening creates a process group, so every rank builds every derived group here,
+        # in the table's order, whether or not it uses it.
+        derived = {g.name: mesh[tuple(a.value for a in g.axes)]._flatten(g.name.value) for g in DERIVED_GROUPS}
+        return cls(config, mesh, device, derived)
 
-    def _axis(self, axis: str) -> DeviceMesh:  # a MeshAxis, or its name
+    def _axis(self, axis: MeshAxis) -> DeviceMesh:
         axis = MeshAxis(axis)  # a misspelt name fails here: ValueError "... is not a valid MeshAxis"
-        derived = {MeshAxis.SP: self.sp_mesh, MeshAxis.IMAGE: self.image_mesh}
-        return derived[axis] if axis in derived else self.mesh[axis.value]
+        return self.derived[axis] if axis in self.derived else self.mesh[axis.value]
 
-    def group(self, axis: str) -> dist.ProcessGroup:
+    def group(self, axis: MeshAxis) -> dist.ProcessGroup:
         return self._axis(axis).get_group()
 
-    def size(self, axis: str) -> int:
+    def size(self, axis: MeshAxis) -> int:
         return self._axis(axis).size()
 
-    def local_rank(self, axis: str) -> int:
+    def local_rank(self, axis: MeshAxis) -> int:
         return self._axis(axis).get_local_rank()
 
     @property
@@ -112,11 +111,14 @@ class SingleProcessMesh:
     world_group = None
     is_output_rank = True
 
-    def group(self, axis: str) -> None:
+    def group(self, axis: MeshAxis) -> None:
+        MeshAxis(axis)  # a misspelt name fails here as on a ParallelMesh
         return None
 
-    def size(self, axis: str) -> int:
+    def size(self, axis: MeshAxis) -> int:
+        MeshAxis(axis)
         return 1
 
-    def local_rank(self, axis: str) -> int:
+    def local_rank(self, axis: MeshAxis) -> int:
+        MeshAxis(axis)
         return 0

@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
+from ..mesh_axes import MeshAxis
 from .load import LoadReport, load_model
 from .options import LoadOptions
 from .processors import processor_substitutes
@@ -42,13 +43,14 @@ def load_pipeline_efficiently(model: str, device: torch.device, dtype: torch.dty
     folder = local_folder(model)
     family = family_for_transformer(component_class(folder, "transformer").__name__)
     select = on_loaded = None
-    if mesh.size("pp") > 1:
-        select = lambda skeleton: stage_keep(skeleton, family.plan().stages, mesh.local_rank("pp"), mesh.size("pp"))  # noqa: E731
-    if mesh.size("tp") > 1:  # each Linear of the blocks cut to this rank's shard as it lands
+    if mesh.size(MeshAxis.PP) > 1:
+        select = lambda skeleton: stage_keep(skeleton, family.plan().stages, mesh.local_rank(MeshAxis.PP),  # noqa: E731
+                                             mesh.size(MeshAxis.PP))
+    if mesh.size(MeshAxis.TP) > 1:  # each Linear of the blocks cut to this rank's shard as it lands
         from ..parallel.tensor import ShardWhileLoading
 
-        on_loaded = ShardWhileLoading(family.plan().tensor, family.plan().stages, mesh.size("tp"),
-                                      mesh.local_rank("tp"))
+        on_loaded = ShardWhileLoading(family.plan().tensor, family.plan().stages, mesh.size(MeshAxis.TP),
+                                      mesh.local_rank(MeshAxis.TP))
     elif fp8_gemm:
         from ..quant.fp8_linear import QuantizeWhileLoading
         from ..quant.formats import check_fp8_gemm

@@ -10,15 +10,16 @@ from __future__ import annotations
 import torch
 
 from ..distributed.comm import all_gather_uneven, split_sizes
+from ..mesh_axes import MeshAxis
 
 
 def share(recipe, state, mesh):
     """The state for this rank's images of the batch (split_sizes over the dp axis)."""
-    if mesh.size("dp") == 1:
+    if mesh.size(MeshAxis.DP) == 1:
         return state
-    sizes = split_sizes(state.batch_size, mesh.size("dp"))
-    start = sum(sizes[: mesh.local_rank("dp")])
-    return recipe.slice_batch(state, start, start + sizes[mesh.local_rank("dp")])
+    sizes = split_sizes(state.batch_size, mesh.size(MeshAxis.DP))
+    start = sum(sizes[: mesh.local_rank(MeshAxis.DP)])
+    return recipe.slice_batch(state, start, start + sizes[mesh.local_rank(MeshAxis.DP)])
 
 
 def gather(image: torch.Tensor, batch_size: int, mesh) -> torch.Tensor:
@@ -26,4 +27,5 @@ def gather(image: torch.Tensor, batch_size: int, mesh) -> torch.Tensor:
 
     NOTE: all ranks of the dp axis join this gather.
     """
-    return all_gather_uneven(image, 0, split_sizes(batch_size, mesh.size("dp")), mesh.group("dp"), "dp_all_gather")
+    sizes = split_sizes(batch_size, mesh.size(MeshAxis.DP))
+    return all_gather_uneven(image, 0, sizes, mesh.group(MeshAxis.DP), "dp_all_gather")

@@ -20,6 +20,7 @@ from torch import nn
 from ..attention.stale_kv import StaleKV
 from ..distributed.comm import PipeChannel, all_gather_object
 from ..distributed.mesh import ParallelMesh
+from ..mesh_axes import MeshAxis
 from .plan import BlockList, StagePlan
 
 
@@ -47,9 +48,9 @@ class PipeFusion:
         at a time, so they share the channel and the stale K/V (whose layers the experts name apart).
         codec_for: tensor -> its wire codec (None: exact). stale_kv_format: FP8 format of the stale K/V
         buffers (None: the working dtype)."""
-        self.channel = PipeChannel(mesh.group("pp"), codec_for)
-        self.stage = mesh.local_rank("pp")
-        self.num_stages = mesh.size("pp")
+        self.channel = PipeChannel(mesh.group(MeshAxis.PP), codec_for)
+        self.stage = mesh.local_rank(MeshAxis.PP)
+        self.num_stages = mesh.size(MeshAxis.PP)
         self.stale_kv = StaleKV(seq_state, stale_kv_format)
         seq_state.stale_kv = self.stale_kv
         self.handles = []

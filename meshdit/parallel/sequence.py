@@ -24,14 +24,15 @@ from ..attention.usp import EXACT, SequenceGroups, WireCodecs, usp_attention
 from ..distributed.comm import all_gather_uneven, group_rank, group_size, split_sizes
 from ..distributed.mesh import ParallelMesh
 from ..errors import ConfigError
+from ..mesh_axes import MeshAxis
 from .plan import LOCAL, OUTPUT, MaskedTail, NotSdpa, SequencePlan, Split, TokenMask
 from .row_halo import apply_row_halo
 
 
 def sequence_groups(mesh: ParallelMesh) -> SequenceGroups:
     return SequenceGroups(
-        ulysses_group=mesh.group("ulysses"), ulysses_size=mesh.size("ulysses"),
-        ring_group=mesh.group("ring"), ring_size=mesh.size("ring"),
+        ulysses_group=mesh.group(MeshAxis.ULYSSES), ulysses_size=mesh.size(MeshAxis.ULYSSES),
+        ring_group=mesh.group(MeshAxis.RING), ring_size=mesh.size(MeshAxis.RING),
     )
 
 
@@ -313,7 +314,7 @@ def apply_sequence_parallel(transformers: torch.nn.Module | list[torch.nn.Module
     `backend` (None: SDPA) computes attention, `codecs` encode what travels.
     Experts share the state (one runs at a time); their attention modules are named apart ("1:blocks.0.attn1").
     """
-    sp_group = mesh.group("sp")
+    sp_group = mesh.group(MeshAxis.SP)
     state = _SequenceState(sequence_groups(mesh), sp_group, group_rank(sp_group), group_size(sp_group),
                            backend=backend, codecs=codecs)
     handles = [install_sdpa_router()]

@@ -29,6 +29,7 @@ from ..combine.parallelize import denoisers, parallelize as combine_parallelize
 from ..config import ParallelConfig
 from ..distributed.mesh import ParallelMesh, SingleProcessMesh
 from ..errors import ConfigError
+from ..mesh_axes import MeshAxis
 from ..models.registry import family_for_transformer
 from ..vae.settings import UNSPLIT_VAE_REASONS, VaeDecodeSettings
 from .batch_split import BatchSplit
@@ -151,9 +152,9 @@ def parallelize(pipe, config: ParallelConfig | ParallelMesh | None = None, *, ca
         else None)
     state.removers.append(parallel)
     if config.cfg_degree > 1:
-        state.removers += [BatchSplit(t, mesh.group("cfg")) for t in parallel.denoisers]
+        state.removers += [BatchSplit(t, mesh.group(MeshAxis.CFG)) for t in parallel.denoisers]
     if vae_settings is not None:
-        state.removers.append(ParallelDecode(pipe.vae, vae_settings, mesh.group("image")))
+        state.removers.append(ParallelDecode(pipe.vae, vae_settings, mesh.group(MeshAxis.IMAGE)))
     if not mesh.is_output_rank:
         pipe.set_progress_bar_config(disable=True)
     pipe.__class__ = _subclass(type(pipe))

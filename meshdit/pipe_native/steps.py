@@ -13,6 +13,7 @@ import inspect
 import torch
 
 from ..cache.step_cache import StepCache
+from ..mesh_axes import MeshAxis
 
 
 class StepCaches:
@@ -27,10 +28,10 @@ class StepCaches:
         if state.cache is None:
             return self
         mesh = state.mesh
-        stages = mesh.group("pp") if mesh.size("pp") > 1 else None
+        stages = mesh.group(MeshAxis.PP) if mesh.size(MeshAxis.PP) > 1 else None
         seen: list = []  # the timesteps of this call, in order (shared by the experts: Wan 2.2)
         for transformer in state.parallel.denoisers:
-            cache = StepCache(transformer, state.plan.stages, state.cache, mesh.group("sp"), stages)
+            cache = StepCache(transformer, state.plan.stages, state.cache, mesh.group(MeshAxis.SP), stages)
             self.caches.append(cache)
             signature = inspect.signature(transformer.forward)
 

@@ -11,9 +11,9 @@ from dataclasses import replace
 from ..config import GenerateRequest, ParallelConfig
 from ..engine_settings import EngineSettings
 from ..errors import ConfigError
+from ..mesh_axes import MeshAxis
 from .choose import auto_config
 from .hardware import CPU_HERE, MAX_RANKS, PRESETS, UNCALIBRATED_NOTE, World, world_from
-from .layouts import AXIS_FIELDS
 from .predict import Prediction
 
 LAYOUTS = ("auto",)
@@ -64,9 +64,9 @@ def auto_world(ranks: int | None) -> World:
     return replace(world_from(preset_for(name), per_node, nodes), memory_bytes=float(memory))
 
 
-def fixed_degrees(config: ParallelConfig) -> dict[str, int]:
+def fixed_degrees(config: ParallelConfig) -> dict[MeshAxis, int]:
     """The degrees given beside --layout auto (those above 1): the planner keeps them."""
-    return {axis: getattr(config, field) for axis, field in AXIS_FIELDS.items() if getattr(config, field) > 1}
+    return {axis: degree for axis, degree in config.degrees.items() if degree > 1}
 
 
 def resolve_auto(engine: EngineSettings, request: GenerateRequest, ranks: int | None,

@@ -18,6 +18,8 @@ import tempfile
 import time
 from dataclasses import replace
 
+from ..mesh_axes import MeshAxis, axis
+
 MATMUL_SIZE = 512
 ATTENTION_SHAPE = (1, 4, 1024, 64)  # [B, H, S, D]
 CONV_CHANNELS = (2, 4, 16, 128)  # small-channel convolutions run far below the matmul rate (4: ~6-15 GFLOP/s here)
@@ -240,9 +242,9 @@ def _engine_job(payload) -> None:
             json.dump(times, f)
 
 
-ENGINE_METHODS = {"ulysses_attention": "ulysses_degree", "ring_step": "ring_degree",
-                  "all_reduce": "tensor_parallel_degree", "pipefusion_hop": "pipefusion_parallel_degree"}
-"""The collective whose per-call cost each run of the bundled model pins down, and the degree it runs with."""
+ENGINE_METHODS = {"ulysses_attention": MeshAxis.ULYSSES, "ring_step": MeshAxis.RING,
+                  "all_reduce": MeshAxis.TP, "pipefusion_hop": MeshAxis.PP}
+"""The collective whose per-call cost each run of the bundled model pins down, and the axis it runs on."""
 
 
 def _calls_per_step(kind: str, ranks: int, blocks: int, patches: int) -> int:
@@ -271,7 +273,7 @@ def measure_engine(figures: dict) -> dict:
     from ..vae.settings import VaeDecodeSettings
     from .choose import load_model
     from .hardware import cpu_here
-    from .layouts import AXIS_FIELDS, Layout
+    from .layouts import Layout
     from .predict import predict
 
     folder = str(weights_path())
@@ -279,16 +281,15 @@ def measure_engine(figures: dict) -> dict:
     requests = [GenerateRequest(prompt="a red circle", height=64, width=64, num_inference_steps=steps,
                                 guidance_scale=1.0, seed=0, warmup_steps=1).with_defaults(info.request_defaults())
                 for steps in (1, 1 + LONG_STEPS)]
-    fields = {field: axis for axis, field in AXIS_FIELDS.items()}
 
-    def timings(field: str | None, ranks: int) -> tuple[float, float, float | None, Layout]:
+    def timings(method_axis: MeshAxis | None, ranks: int) -> tuple[float, float, float | None, Layout]:
         """1 and 1 + LONG_STEPS steps with a plain decode, and (Ulysses) 1 step with a parallel one."""
-        config = ParallelConfig(**({field: ranks} if field else {}))
-        decode = field == ENGINE_METHODS["ulysses_attention"]
+        config = ParallelConfig(**({axis(method_axis).field: ranks} if method_axis else {}))
+        decode = method_axis == ENGINE_METHODS["ulysses_attention"]
         runs = [(requests[0], False), (requests[1], False)] + ([(requests[0], True)] if decode else [])
         times = _run_ranks(_engine_job, (EngineSettings(folder, config, "float32",
                                                              VaeDecodeSettings(parallel=decode)), runs), ranks)
-        layout = Layout(tuple((axis, ranks if field and fields[field] == axis else 1) for axis in AXIS_FIELDS))
+        layout = Layout.of(config)
         return times[0], times[1], times[2] if decode else None, layout
 
     def step_s(layout: Layout, world) -> float:
@@ -304,8 +305,8 @@ def measure_engine(figures: dict) -> dict:
     table = {size: dict(kinds) for size, kinds in figures["collectives"].items()}
     for ranks in COLLECTIVE_WORLDS:
         figures["engine_overheads"][str(ranks)] = [per_call, figures["engine_overheads"]["1"][1]]
-        for kind, field in ENGINE_METHODS.items():
-            one, many, parallel_decode, layout = timings(field, ranks)
+        for kind, method_axis in ENGINE_METHODS.items():
+            one, many, parallel_decode, layout = timings(method_axis, ranks)
             bandwidth = table[str(ranks)][CARRIERS.get(kind, kind)][1]
             without = {**table, str(ranks): {**table[str(ranks)], kind: [0.0, bandwidth]}}
             world = cpu_here(ranks, {**figures, "collectives": without})

@@ -1,25 +1,16 @@
 """Every layout of a world: degrees per mesh axis that multiply to the world size, with the VAE decode and FP8
 choices, kept only where the model's own pre-launch checks (ModelInfo.check) accept it.
 
-A new mesh axis is one row of AXIS_FIELDS (and its rule in `_allowed`), and its terms in predict.py."""
+The axes, their order and fields are the axis table's (mesh_axes.AXES); a new axis adds its terms in predict.py."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
-from ..config import MAX_CFG_DEGREE, MAX_SIDE, MESH_AXES, GenerateRequest, MeshAxis, ParallelConfig
+from ..config import MAX_SIDE, GenerateRequest, ParallelConfig
 from ..errors import ConfigError
-from ..flag_spec import flag_text
+from ..mesh_axes import MESH_AXES, MeshAxis, axis as axis_row, derived_group
 from ..models.info import ModelInfo
-
-AXIS_FIELDS: dict[str, str] = {
-    MeshAxis.DP: "data_parallel_degree",
-    MeshAxis.CFG: "cfg_degree",
-    MeshAxis.PP: "pipefusion_parallel_degree",
-    MeshAxis.RING: "ring_degree",
-    MeshAxis.ULYSSES: "ulysses_degree",
-    MeshAxis.TP: "tensor_parallel_degree",
-}
-"""ParallelConfig's field of each mesh axis, outermost first (MESH_AXES' order)."""
 
 VAE_TILE_PX = 1024
 """The tile side (pixels) of the tiled decode the planner offers."""
@@ -30,8 +21,8 @@ tiled: the VAE's own tiles on one rank (bounded error)."""
 
 @dataclass(frozen=True)
 class Layout:
-    degrees: tuple[tuple[str, int], ...]
-    """(axis, degree) outermost first."""
+    degrees: tuple[tuple[MeshAxis, int], ...]
+    """(axis, degree) outermost first (mesh_axes.MESH_AXES' order)."""
     vae: str = "plain"
     fp8: bool = False
     """FP8 GEMMs (weights in FP8) and FP8 stale K/V."""
@@ -44,8 +35,13 @@ class Layout:
     vae_tile: tuple[int, int] = (VAE_TILE_PX, VAE_TILE_PX)
     """A tiled decode's tile (height, width) in pixels."""
 
-    def degree(self, axis: str) -> int:
-        return dict(self.degrees).get(axis, 1)
+    @classmethod
+    def of(cls, config: ParallelConfig, **choices) -> "Layout":
+        """The layout of a ParallelConfig's degrees, with the other choices given."""
+        return cls(tuple(config.degrees.items()), **choices)
+
+    def degree(self, axis: MeshAxis) -> int:
+        return dict(self.degrees).get(MeshAxis(axis), 1)  # a misspelt name fails, as on the mesh
 
     @property
     def world_size(self) -> int:
@@ -56,15 +52,19 @@ class Layout:
 
     @property
     def sp(self) -> int:
-        return self.degree(MeshAxis.RING) * self.degree(MeshAxis.ULYSSES)
+        return self.group_size(MeshAxis.SP)
 
     @property
     def image_group(self) -> int:
         """Ranks that share one image (every axis but data parallelism)."""
-        return self.world_size // self.degree(MeshAxis.DP)
+        return self.group_size(MeshAxis.IMAGE)
+
+    def group_size(self, group: MeshAxis) -> int:
+        """Ranks in one derived group (mesh_axes.DERIVED_GROUPS)."""
+        return math.prod(self.degree(a) for a in derived_group(group).axes)
 
     def parallel_config(self, compile: str | None = None) -> ParallelConfig:
-        return ParallelConfig(**{AXIS_FIELDS[axis]: d for axis, d in self.degrees}, compile=compile)
+        return ParallelConfig(**{axis_row(axis).field: d for axis, d in self.degrees}, compile=compile)
 
     def describe(self) -> str:
         """The degrees, and "+ offload" when the blocks wait in host memory."""
@@ -76,7 +76,7 @@ class Layout:
         for axis, d in self.degrees:
             if d == 1:
                 continue
-            out.append(f"{flag_text(ParallelConfig, AXIS_FIELDS[axis])} {d}")
+            out.append(f"{axis_row(axis).flag_text} {d}")
         if self.vae == "parallel":
             out.append("--use-parallel-vae")
         elif self.vae == "tiled":
@@ -96,18 +96,22 @@ def layout_of(engine) -> Layout:
     """The layout an EngineSettings runs: its degrees, VAE decode (tiles: their size, the image's side where only one
     is given), FP8 GEMMs, where the text encoders sit, block offload."""
     config, vae, loading = engine.config, engine.vae, engine.loading
-    degrees = tuple((axis, getattr(config, field)) for axis, field in AXIS_FIELDS.items())
     tile = (vae.tile_height or MAX_SIDE, vae.tile_width or MAX_SIDE)
     mode = "parallel" if vae.parallel else "tiled" if vae.tile_height or vae.tile_width else "plain"
-    return Layout(degrees, mode, engine.fp8 is not None and engine.fp8.gemm, loading.text_encoder_device == "cpu",
-                  bool(loading.text_encoder_parallel), loading.offload == "blocks", tile)
+    return Layout.of(config, vae=mode, fp8=engine.fp8 is not None and engine.fp8.gemm,
+                     text_on_cpu=loading.text_encoder_device == "cpu",
+                     text_parallel=bool(loading.text_encoder_parallel), offload=loading.offload == "blocks",
+                     vae_tile=tile)
 
 
-def _allowed(axis: str, degree: int) -> bool:
-    return degree <= MAX_CFG_DEGREE if axis == MeshAxis.CFG else True  # ModelInfo.check: at most the branches
+def _allowed(axis: MeshAxis, degree: int) -> bool:
+    """The axis table's bound for every model (cfg: the most branches any family runs); ModelInfo.check decides
+    the rest."""
+    limit = axis_row(axis).max_degree
+    return limit is None or degree <= limit
 
 
-def degree_tuples(world_size: int, axes=tuple(AXIS_FIELDS)) -> list[tuple[tuple[str, int], ...]]:
+def degree_tuples(world_size: int, axes=MESH_AXES) -> list[tuple[tuple[MeshAxis, int], ...]]:
     """Every assignment of degrees to `axes` whose product is world_size."""
     if not axes:
         return [()] if world_size == 1 else []
@@ -126,7 +130,6 @@ def legal_layouts(info: ModelInfo, request: GenerateRequest, world_size: int, fp
     large images; its halo exchanges and norm all-reduces cost more than they save on small ones: choose.make_plan
     keeps the faster); the planner adds the tiled-decode and text-on-CPU variants only where these do not fit.
     request must have every value resolved (ModelInfo.request_defaults)."""
-    assert tuple(AXIS_FIELDS) == tuple(MESH_AXES), "AXIS_FIELDS must follow config.MESH_AXES"
     images = len(request.prompts) * request.num_images_per_prompt
     out = []
     for degrees in degree_tuples(world_size):

@@ -4,7 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..config import GenerateRequest, MeshAxis
+from ..config import GenerateRequest
+from ..mesh_axes import MeshAxis
 from .hardware import Link, World
 from .layouts import Layout
 from .model_costs import ModelCosts

@@ -116,12 +116,11 @@ def planner_inputs(engine):
     """(Layout, ModelCosts, World) of this server's engine settings, as `meshdit plan` would price them."""
     from ..planner.auto import auto_world
     from ..planner.choose import load_model
-    from ..planner.layouts import AXIS_FIELDS, Layout
+    from ..planner.layouts import Layout
 
     _, _, costs = load_model(engine.model)
     config, loading = engine.config, engine.loading
-    layout = Layout(tuple((axis, getattr(config, field)) for axis, field in AXIS_FIELDS.items()),
-                    vae="parallel" if engine.vae.parallel else "tiled" if engine.vae.tiled else "plain",
-                    fp8=bool(engine.fp8 and engine.fp8.gemm), text_on_cpu=loading.text_encoder_device == "cpu",
-                    text_parallel=bool(loading.text_encoder_parallel), offload=loading.offload == "blocks")
+    layout = Layout.of(config, vae="parallel" if engine.vae.parallel else "tiled" if engine.vae.tiled else "plain",
+                       fp8=bool(engine.fp8 and engine.fp8.gemm), text_on_cpu=loading.text_encoder_device == "cpu",
+                       text_parallel=bool(loading.text_encoder_parallel), offload=loading.offload == "blocks")
     return layout, costs, auto_world(config.world_size)

@@ -7,6 +7,7 @@ from meshdit.attention.kernels import attention_with_lse, merge_attention
 from meshdit.attention.usp import usp_attention
 from meshdit.config import ParallelConfig
 from meshdit.distributed.comm import split_sizes
+from meshdit.mesh_axes import MeshAxis
 from meshdit.parallel.sequence import sequence_groups
 from meshdit.testing.rank_pool import mesh_for
 
@@ -32,7 +33,7 @@ def _usp_job(ring, ulysses, seq, heads):
     groups = sequence_groups(mesh)
     q, k, v = _qkv(seq, heads)
     lens = split_sizes(seq, ring * ulysses)
-    me = dist.get_rank(mesh.group("sp"))
+    me = dist.get_rank(mesh.group(MeshAxis.SP))
     start = sum(lens[:me])
     local = [t[:, :, start:start + lens[me]] for t in (q, k, v)]
     out = usp_attention(*local, groups, lens, None, lambda a, b, c, s: F.scaled_dot_product_attention(a, b, c, scale=s))
@@ -57,7 +58,7 @@ def _pipelined_job(ulysses, seq, heads, chunks):
     mesh = mesh_for(ParallelConfig(ulysses_degree=ulysses))
     groups = sequence_groups(mesh)
     lens = split_sizes(seq, ulysses)
-    me = dist.get_rank(mesh.group("sp"))
+    me = dist.get_rank(mesh.group(MeshAxis.SP))
     local = [t[:, :, sum(lens[:me]):sum(lens[:me + 1])] for t in _qkv(seq, heads, seed=3)]
     kernel = lambda a, b, c, s: F.scaled_dot_product_attention(a, b, c, scale=s)  # noqa: E731
     layout = usp.UspLayout.of(groups, lens)  # reference: the head-major all-to-alls USP uses

@@ -78,12 +78,13 @@ def test_lean_loading_has_one_reader_per_node(tmp_path):
 def test_the_innermost_axis_stays_inside_a_node():
     """Ranks 0, 1 on node 0 and 2, 3 on node 1 (torchrun numbers nodes' ranks contiguously): Ulysses groups are
     {0, 1} and {2, 3}, ring groups {0, 2} and {1, 3}; the planner puts the same axis on the same link."""
-    from meshdit.config import MeshAxis
+    from meshdit.mesh_axes import MeshAxis
     from meshdit.planner.hardware import PRESETS
     from meshdit.planner.layouts import Layout
     from meshdit.planner.predict import axis_link
 
-    from meshdit.config import MESH_AXES, ParallelConfig
+    from meshdit.config import ParallelConfig
+    from meshdit.mesh_axes import MESH_AXES
 
     config = ParallelConfig(ring_degree=2, ulysses_degree=2)
     degrees = config.degrees

@@ -7,6 +7,7 @@ from meshdit.errors import ConfigError
 from meshdit.loading import LoadOptions
 from meshdit.loading.skeleton import param_bytes
 from meshdit.loading.entry import load_pipeline
+from meshdit.mesh_axes import MeshAxis
 from meshdit.testing.rank_pool import mesh_for, split_layout
 
 SIZE = (36, 44)
@@ -70,7 +71,7 @@ def pipefusion_stage_bytes(folder: str, stages: int, transport: str):
     peak = max(after_load, param_bytes(pipe.transformer))
     # The bound from a skeleton: the stage's own blocks plus every non-block parameter.
     skeleton = build_skeleton(folder, "transformer")
-    keep = stage_keep(skeleton, PLAN.stages, mesh.local_rank("pp"), stages)
+    keep = stage_keep(skeleton, PLAN.stages, mesh.local_rank(MeshAxis.PP), stages)
     bound = sum(p.numel() * p.element_size() for n, p in skeleton.named_parameters() if keep(n))
     whole = sum(p.numel() * p.element_size() for p in skeleton.parameters())
     return peak, bound, whole, image

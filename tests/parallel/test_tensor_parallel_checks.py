@@ -2,7 +2,8 @@
 tp flag against the families' plans."""
 import pytest
 
-from meshdit.config import MESH_AXES, MeshAxis, ParallelConfig
+from meshdit.config import ParallelConfig
+from meshdit.mesh_axes import MESH_AXES, MeshAxis
 from meshdit.errors import ConfigError
 from meshdit.models.info import ModelInfo
 from meshdit.models.registry import FAMILIES, family_for_pipeline

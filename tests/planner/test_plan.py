@@ -12,7 +12,8 @@ from dataclasses import replace
 
 import pytest
 
-from meshdit.config import GenerateRequest, MeshAxis
+from meshdit.config import GenerateRequest
+from meshdit.mesh_axes import MeshAxis
 from meshdit.errors import ConfigError
 from meshdit.planner.choose import auto_config, load_model, make_plan, smallest_fitting_world
 from meshdit.planner.hardware import PRESETS, cpu_here, parse_bytes, world_from
@@ -210,9 +211,9 @@ def test_calibration_file_feeds_the_cpu_preset(tmp_path, monkeypatch):
 
 def _layout(two: str) -> Layout:
     """Degree 2 on one axis, 1 on the others."""
-    from meshdit.planner.layouts import AXIS_FIELDS
+    from meshdit.mesh_axes import MESH_AXES
 
-    return Layout(tuple((axis, 2 if axis == two else 1) for axis in AXIS_FIELDS))
+    return Layout(tuple((axis, 2 if axis == two else 1) for axis in MESH_AXES))
 
 
 def test_measured_collectives_price_each_call_and_cpu_ranks_share_the_cores(tmp_path, monkeypatch):
