@@ -1,8 +1,8 @@
 """An extra model family built in a test: a package on sys.path, its record found by listing its records/.
 
 The package is what a contributor adds for a new family (docs/ARCHITECTURE.md, "How to add a model family"):
-the family module (here a copy of models/pixart.py under another name), its record and its tiny module; `diffusers_classes`
-stands in for the pipeline and transformer classes diffusers would ship. Nothing else is edited: the engine,
+the family module (here a copy of models/pixart.py under another name), its record and its tiny module;
+`diffusers_classes` stands in for the pipeline and transformer classes diffusers would ship. Nothing else is edited: the engine,
 validation, the test helpers and `tiny_pipeline` find the family through its record alone.
 """
 from __future__ import annotations

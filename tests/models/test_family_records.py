@@ -86,5 +86,6 @@ def test_no_family_name_outside_models():
 
 
 def test_the_search_finds_a_family_name():
-    sample = 'JOINT = ("flux", "sd3")\nif info.family.name == "wan":\n    pass\n"""wan in a docstring"""\nx = "wan-4blocks"\n'
+    sample = ('JOINT = ("flux", "sd3")\nif info.family.name == "wan":\n    pass\n'
+              '"""wan in a docstring"""\nx = "wan-4blocks"\n')
     assert family_names_in(sample, {"flux", "sd3", "wan"}) == [(1, "flux"), (1, "sd3"), (2, "wan")]

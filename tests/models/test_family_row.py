@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_an_extra_family_from_a_record_and_a_module_runs_under_ulysses_equal_to_serial(run_ranks, tmp_path):
     """The family's module (a copy of models/pixart.py under another name), record and tiny module in a temporary
-    package, its record found by listing the package's records/ and added to FAMILIES for the job only: nothing else is edited, and Ulysses 2 equals one process."""
+    package, its record found by listing the package's records/ and added to FAMILIES for the job only: nothing
+    else is edited, and Ulysses 2 equals one process."""
     extra_family_jobs.write_package(str(tmp_path))
     family, own_recipe, ref_out, ref_image = extra_family_jobs.generate(str(tmp_path), 1, 1, 36, 44)
     assert family == extra_family_jobs.NAME and own_recipe
@@ -48,7 +49,8 @@ def test_every_file_the_family_how_to_names_exists():
     `<family>` stands for a family's name: the plan, record and tiny modules exist for every family, a family's own
     test file for some."""
     tokens = set(re.findall(r"`([^`\s]*/[^`\s]*)`", _how_to()))
-    every_family = {"meshdit/models/<family>.py", "meshdit/models/records/<family>.py", "meshdit/models/tiny/<family>.py"}
+    every_family = {"meshdit/models/<family>.py", "meshdit/models/records/<family>.py",
+                    "meshdit/models/tiny/<family>.py"}
     assert every_family <= tokens
     for token in sorted(tokens):
         names = [f.name for f in FAMILIES] if "<family>" in token else [None]
