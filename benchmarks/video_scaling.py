@@ -32,7 +32,8 @@ def wan_pipeline(seed: int = 0, quick: bool = False):
     """WanPipeline around the benchmark transformer (tiny VAE and text encoder: the forward is what is timed)."""
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
 
-    from meshdit.testing.tiny_models import t5_tokenizer, tiny_wan_vae, umt5_text_model
+    from meshdit.models.tiny.wan import tiny_wan_vae, umt5_text_model
+    from meshdit.testing.tiny_models import t5_tokenizer
 
     torch.manual_seed(seed)
     heads, head_dim, layers = (2, 16, 1) if quick else (4, 64, 4)

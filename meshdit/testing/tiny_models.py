@@ -1,6 +1,6 @@
 """Tiny random-weight diffusers pipelines of every family, by name (no downloads), for tests and benchmarks.
 
-Each family's builders live beside its plan and recipe, in the tiny module its registry row names
+Each family's builders live beside its plan and recipe, in the tiny module its record names
 (`meshdit.models.tiny.<family>`, see that package's docstring); this module joins them over `FAMILIES`, so
 code and tests look pipelines up by name without knowing which family holds them.
 """
@@ -10,21 +10,10 @@ import importlib
 
 from ..models import registry
 from ..models.registry import ModelFamily
-# the builders and parts by their names of old (tests and benchmarks import them from here)
+# the parts the families share, by their names of old (tests and benchmarks import them from here); a
+# family's own builders are imported from its tiny module, so this module names no family
 from ..models.tiny.parts import (clip_text_model, clip_tokenizer, sample_image, t5_text_model,  # noqa: F401
                                  t5_tokenizer, tiny_vae)
-from ..models.tiny.flux import tiny_flux_pipeline  # noqa: F401
-from ..models.tiny.flux2 import tiny_flux2_pipeline  # noqa: F401
-from ..models.tiny.sd3 import tiny_sd3_pipeline  # noqa: F401
-from ..models.tiny.pixart import tiny_pixart_pipeline  # noqa: F401
-from ..models.tiny.hunyuandit import bert_text_model, bert_tokenizer, tiny_hunyuandit_pipeline  # noqa: F401
-from ..models.tiny.wan import (tiny_wan_i2v_pipeline, tiny_wan_pipeline, tiny_wan_transformer,  # noqa: F401
-                               tiny_wan_vae, umt5_text_model)
-from ..models.tiny.ltx import tiny_ltx_pipeline  # noqa: F401
-from ..models.tiny.cogvideox import tiny_cogvideox_pipeline  # noqa: F401
-from ..models.tiny.hunyuanvideo import llama_text_model, llama_tokenizer, tiny_hunyuanvideo_pipeline  # noqa: F401
-from ..models.tiny.hunyuanvideo15 import (byt5_text_model, qwen_text_model, qwen_tokenizer,  # noqa: F401
-                                          tiny_hunyuanvideo15_pipeline)
 
 
 def tiny_module(family: ModelFamily):
@@ -33,7 +22,7 @@ def tiny_module(family: ModelFamily):
 
 
 def tiny_families(video: bool | None = None) -> list[tuple[ModelFamily, object]]:
-    """(row, tiny module) of every family with one; video True / False: only video / image families."""
+    """(record, tiny module) of every family with one; video True / False: only video / image families."""
     return [(f, tiny_module(f)) for f in registry.FAMILIES if f.modules.tiny and (video is None or f.is_video == video)]
 
 

@@ -1,13 +1,12 @@
-"""An extra model family built in a test: a row plus a package on sys.path, registered for one job only.
+"""An extra model family built in a test: a package on sys.path, its record found by listing its records/.
 
 The package is what a contributor adds for a new family (docs/ARCHITECTURE.md, "How to add a model family"):
-the family module (here a copy of models/pixart.py under another name) and its tiny module; `diffusers_classes`
-stands in for the pipeline and transformer classes diffusers would ship. Nothing else is edited: the engine,
-validation, the test helpers and `tiny_pipeline` find the family through its row alone.
+the family module (here a copy of models/pixart.py under another name), its record and its tiny module;
+`diffusers_classes` stands in for the pipeline and transformer classes diffusers would ship. Nothing else is edited: the engine,
+validation, the test helpers and `tiny_pipeline` find the family through its record alone.
 """
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import os
 import sys
@@ -26,6 +25,18 @@ class ExtraPipeline(PixArtSigmaPipeline):
 
 class ExtraTransformer2DModel(PixArtTransformer2DModel):
     pass
+'''
+
+_RECORD = '''"""The extra family's record: PixArt's rules under the family's own names and modules."""
+import dataclasses
+
+from meshdit.models.record import Modules
+from meshdit.models.records.pixart import RECORD as PIXART
+
+RECORD = dataclasses.replace(PIXART, name="extra", transformer_class="ExtraTransformer2DModel",
+                             pipeline_classes=("ExtraPipeline",),
+                             modules=Modules("meshdit_extra_family.family", "meshdit_extra_family.tiny"),
+                             defaults=dataclasses.replace(PIXART.defaults, max_sequence_length_by_pipeline={}))
 '''
 
 _TINY = '''"""The extra family's tiny pipeline: PixArt-Sigma's tiny weights in the family's own classes."""
@@ -60,22 +71,13 @@ def write_package(root: str) -> None:
     (package / "family.py").write_text(source.replace("from ..", "from meshdit."), encoding="utf-8")
     (package / "tiny.py").write_text(_TINY, encoding="utf-8")
     (package / "diffusers_classes.py").write_text(_DIFFUSERS_CLASSES, encoding="utf-8")
-
-
-def extra_row():
-    """The family's registry row: PixArt's rules under the new family's names, module and tiny module."""
-    from meshdit.models.record import Modules
-    from meshdit.models.registry import FAMILIES
-
-    pixart = next(f for f in FAMILIES if f.name == "pixart")
-    return dataclasses.replace(pixart, name=NAME, transformer_class="ExtraTransformer2DModel",
-                               pipeline_classes=("ExtraPipeline",),
-                               modules=Modules(f"{PACKAGE}.family", f"{PACKAGE}.tiny"),
-                               defaults=dataclasses.replace(pixart.defaults, max_sequence_length_by_pipeline={}))
+    (package / "records").mkdir(exist_ok=True)
+    (package / "records" / "__init__.py").write_text("")
+    (package / "records" / f"{NAME}.py").write_text(_RECORD, encoding="utf-8")
 
 
 class registered:
-    """Within the block, `root` is on sys.path and the extra row is in FAMILIES; both go again after it."""
+    """Within the block, `root` is on sys.path and the package's records are in FAMILIES; both go again after it."""
 
     def __init__(self, root: str):
         self.root = root
@@ -85,7 +87,7 @@ class registered:
 
         self.families = registry.FAMILIES
         sys.path.insert(0, self.root)
-        registry.FAMILIES = self.families + (extra_row(),)
+        registry.FAMILIES = self.families + registry.discover(f"{PACKAGE}.records")
         return self
 
     def __exit__(self, *exc):

@@ -6,7 +6,8 @@ from meshdit.engine import Engine
 from meshdit.denoising.recipe import COND
 from meshdit.testing.rank_pool import mesh_for, split_layout
 from meshdit.models.registry import family_for_pipeline
-from meshdit.testing.tiny_models import sample_image, scaled_size, tiny_flux_pipeline, tiny_pipeline, tiny_tests
+from meshdit.models.tiny.flux import tiny_flux_pipeline
+from meshdit.testing.tiny_models import sample_image, scaled_size, tiny_pipeline, tiny_tests
 
 _PIPES: dict = {}
 MAX_SEQ = 6  # text tokens: 6 (Flux), 77 + 6 = 83 (SD3): not divisible by 4

@@ -10,7 +10,8 @@ from meshdit.engine import Engine
 from meshdit.loading import LoadOptions
 from meshdit.loading.entry import load_pipeline
 from meshdit.testing.rank_pool import mesh_for, split_layout
-from meshdit.testing.tiny_models import tiny_flux_pipeline, tiny_pipeline
+from meshdit.models.tiny.flux import tiny_flux_pipeline
+from meshdit.testing.tiny_models import tiny_pipeline
 from tests.parallel import sp_jobs
 
 

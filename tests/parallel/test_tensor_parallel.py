@@ -3,6 +3,7 @@ all-reduce bytes equal docs/tensor-parallel.md's formula; no tp rank holds a who
 import numpy as np
 import pytest
 
+from meshdit.testing.tiny_models import tiny_families
 from tests.parallel import tensor_jobs
 
 SIZE = (36, 44)  # 9 x 11 = 99 image tokens: divides by no degree
@@ -32,19 +33,25 @@ def assert_no_whole_block(results, ref, bound=0.55):
             assert held <= bound * whole, f"rank {rank} block {i}: holds {held} of the block's {whole} bytes"
 
 
-@pytest.mark.parametrize("name", ["flux", "flux2", "sd35", "sd3", "pixart-sigma", "chroma", "qwenimage"])
-def test_tp2_equals_serial(run_ranks, name):
+def tensor_parallel_builds(video: bool) -> list[tuple[str, float]]:
+    """(build, the most of a block's bytes a tp rank may hold) of every family whose record sets parallel.tensor:
+    its tiny module's TinyTests.tensor_parallel (None: its main build)."""
+    builds = []
+    for family, module in tiny_families(video=video):
+        tests = module.TESTS
+        if family.parallel.tensor:
+            builds += [(name, tests.tensor_parallel_share) for name in
+                       ((tests.main,) if tests.tensor_parallel is None else tests.tensor_parallel)]
+    return builds
+
+
+@pytest.mark.parametrize("name, share", [pytest.param(*b, id=b[0]) for b in tensor_parallel_builds(video=False)])
+def test_tp2_equals_serial(run_ranks, name, share):
+    """Every tensor-parallel image family (HunyuanDiT: its long skips' skip_linear stays whole, so the blocks that
+    have one hold more than half; none is held whole)."""
     results = run_ranks(2, tensor_jobs.run, name, dict(tensor_parallel_degree=2), *SIZE)
     assert_exact(results, reference(name))
-    assert_no_whole_block(results, reference(name))
-
-
-def test_tp2_hunyuandit_equals_serial(run_ranks):
-    """Its long skips' skip_linear stays whole (it reads the whole LayerNorm of cat(x, skip)), so the blocks that
-    have one hold more than half; none is held whole."""
-    results = run_ranks(2, tensor_jobs.run, "hunyuandit", dict(tensor_parallel_degree=2), *SIZE)
-    assert_exact(results, reference("hunyuandit"))
-    assert_no_whole_block(results, reference("hunyuandit"), bound=0.75)
+    assert_no_whole_block(results, reference(name), bound=share)
 
 
 def test_uneven_heads(run_ranks):
@@ -88,7 +95,7 @@ def test_all_reduce_bytes_equal_the_formula(run_ranks, layout):
         assert abs(result[2] - formula) <= 0.1 * formula, (rank, result[2], formula)
 
 
-@pytest.mark.parametrize("name", ["cogvideox", "cogvideox-i2v", "wan", "wan-i2v", "wan22-ti2v", "wan22-ti2v-i2v"])
+@pytest.mark.parametrize("name", [name for name, _ in tensor_parallel_builds(video=True)])
 def test_tp2_video_equals_serial(run_ranks, name):
     """CogVideoX t2v and i2v (its TensorPlan, modulation gathered; i2v: learned positional embeddings), Wan t2v and
     i2v (Q/K norms across heads, all-reduced; Wan 2.2 TI2V's per-token modulation whole on every tp rank) at 9

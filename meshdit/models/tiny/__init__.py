@@ -36,6 +36,13 @@ class TinyTests:
     image_to_video: tuple[tuple[str, str], ...] = ()
     """Video families: (build, its four-block build) of each image-to-video pipeline (names in BUILDERS), run
     through tests/models/test_video.py's I2V_LAYOUTS and the parallel VAE besides `main` (LTX, CogVideoX)."""
+    tensor_parallel: tuple[str, ...] | None = None
+    """Builds tests/parallel/test_tensor_parallel.py runs under tp 2, equal to one process, where the family's record
+    sets parallel.tensor (None: main; (): none, where another family's builds test the same transformer: FLUX.1
+    Kontext's is FLUX.1's)."""
+    tensor_parallel_share: float = 0.55
+    """The most of a block's bytes one of the tp 2 ranks may hold (HunyuanDiT: 0.75, its long skips' skip_linear
+    stays whole: it reads the whole LayerNorm of cat(x, skip))."""
     layouts: tuple[str, ...] | None = None
     """Ids of the family test's layouts that apply (image: tests/test_cfg_data_parallel.CASES; video:
     tests/test_video.FAMILY_LAYOUTS); None: every one; (): none there (a test file of its own covers them)."""

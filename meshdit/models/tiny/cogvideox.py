@@ -66,7 +66,8 @@ BUILDERS = {
     "cogvideox-i2v-ofs": lambda seed=0: tiny_cogvideox_i2v_pipeline(seed, ofs=True),
 }
 TESTS = TinyTests(main="cogvideox", four_blocks="cogvideox-4blocks",
-                  image_to_video=(("cogvideox-i2v", "cogvideox-i2v-4blocks"),))
+                  image_to_video=(("cogvideox-i2v", "cogvideox-i2v-4blocks"),),
+                  tensor_parallel=("cogvideox", "cogvideox-i2v"))
 _VIDEO = dict(prompt=GUARD_PROMPT, guidance_scale=6.0, num_frames=5)
 _GUARD_HW = dict(height=GUARD_SIZE["height"], width=GUARD_SIZE["width"])
 GUARD_CASES = {

@@ -61,7 +61,7 @@ BUILDERS = {
 }
 # its DDPM draws noise in every step: data parallelism is refused, so only the CFG cases; tokens 16 px wide
 TESTS = TinyTests(main="hunyuandit", four_blocks="hunyuandit-4blocks", layouts=("cfg2", "cfg2-u2"), token_scale=4,
-                  unscaled=("hunyuandit-vae2-4blocks",))
+                  unscaled=("hunyuandit-vae2-4blocks",), tensor_parallel_share=0.75)
 GUARD_CASES = {
     "hunyuandit": GuardCase("hunyuandit", dict(prompt=GUARD_PROMPT, guidance_scale=5.0, use_resolution_binning=False),
                             5.0),

@@ -27,7 +27,8 @@ BUILDERS = {
 # The tests' reference image keeps its own size (Kontext's training resolutions are about 1 MP: 65536 tiny tokens).
 NATIVE_SIZE = {"_auto_resize": False}
 TESTS = TinyTests(main="kontext", four_blocks="kontext-4blocks", edit="kontext",
-                  variants=("kontext-distilled",), guidance=3.0, request_extra=NATIVE_SIZE)  # true CFG
+                  variants=("kontext-distilled",), guidance=3.0, request_extra=NATIVE_SIZE,  # true CFG
+                  tensor_parallel=())  # FLUX.1's transformer: its builds test it
 # A reference of another size than the output (40 x 56 pixels: 10 x 14 tokens, beside 16 x 12 noise tokens).
 _REFERENCE = sample_image(40, 56)
 _SIZE = GUARD_SIZE["height"] * GUARD_SIZE["width"]  # the pipeline rescales height and width to max_area

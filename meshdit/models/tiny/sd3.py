@@ -31,7 +31,7 @@ BUILDERS = {
     "sd35-4blocks": lambda seed=0: tiny_sd3_pipeline(seed, layers=4),
     "sd3-4blocks": lambda seed=0: tiny_sd3_pipeline(seed, sd35=False, layers=4),
 }
-TESTS = TinyTests(main="sd35", four_blocks="sd35-4blocks", variants=("sd3",))
+TESTS = TinyTests(main="sd35", four_blocks="sd35-4blocks", variants=("sd3",), tensor_parallel=("sd35", "sd3"))
 GUARD_CASES = {
     name: GuardCase(name, dict(prompt=GUARD_PROMPT, guidance_scale=5.0, max_sequence_length=GUARD_TEXT), 5.0)
     for name in ("sd3", "sd35")

@@ -108,7 +108,8 @@ BUILDERS = {
     "wan22-ti2v-i2v-4blocks": lambda seed=0: tiny_wan22_ti2v_pipeline(seed, layers=4, image_to_video=True),
 }
 _TI2V = ("wan22-ti2v", "wan22-ti2v-4blocks", "wan22-ti2v-i2v", "wan22-ti2v-i2v-4blocks")
-TESTS = TinyTests(main="wan", four_blocks="wan-4blocks", build_scales={name: 2 for name in _TI2V})
+TESTS = TinyTests(main="wan", four_blocks="wan-4blocks", build_scales={name: 2 for name in _TI2V},
+                  tensor_parallel=("wan", "wan-i2v", "wan22-ti2v", "wan22-ti2v-i2v"))
 _VIDEO = dict(prompt=GUARD_PROMPT, guidance_scale=5.0, num_frames=5)  # 5 frames: 2 latent frames
 _TI2V_SIZE = dict(height=64, width=96)  # 32-pixel tokens: 2 x 3 per frame
 GUARD_CASES = {
