@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from meshdit.testing.serve_process import KEY, REPO, Server
-from meshdit.testing.tiny_models import sample_image, tiny_families, tiny_pipeline
+from meshdit.testing.tiny_models import sample_image, tiny_families
 
 EDITS = [module.TESTS.edit for _, module in tiny_families(video=False) if module.TESTS.edit]
 SIZE = "48x32"  # WxH; the input image is 56 x 40, so its tokens are not the output's
@@ -37,12 +37,11 @@ def pixels(png: bytes) -> np.ndarray:
 
 
 @pytest.fixture(scope="module", params=EDITS)
-def served(request, tmp_path_factory):
+def served(request, tmp_path_factory, tiny_folder):
     name = request.param
     folder = tmp_path_factory.mktemp(f"edit-serve-{name}")
-    tiny_pipeline(name).save_pretrained(folder / "model")
     sample_image(40, 56).save(folder / "input.png")
-    model = ["--model", str(folder / "model"), *flags(name)]
+    model = ["--model", tiny_folder(name), *flags(name)]
     subprocess.run([sys.executable, "-m", "meshdit", "generate", *model, "--seed", "3", "--prompt", PROMPT,
                     "--image", str(folder / "input.png"), "--output", str(folder / "generated.png")],
                    cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), check=True, stdout=subprocess.PIPE,

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from meshdit.testing.serve_process import KEY, REPO, Server
-from meshdit.testing.tiny_models import sample_image, tiny_pipeline
+from meshdit.testing.tiny_models import sample_image
 
 pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")  # the openai client's own note
 PROMPT = "a red cat walks"
@@ -28,10 +28,10 @@ def generate(folder, model, flags, output, *more):
                    stderr=subprocess.STDOUT, timeout=600)
 
 
-def served(folder, name, flags, *generate_more):
-    tiny_pipeline(name).save_pretrained(folder / "model")
-    generate(folder, folder / "model", flags, folder / "generated.mp4", *generate_more)
-    return Server(folder, "--model", str(folder / "model"), *flags).wait_ready()
+def served(folder, model, flags, *generate_more):
+    """A server of the model folder `model`, and meshdit generate's generated.mp4 for the same flags in `folder`."""
+    generate(folder, model, flags, folder / "generated.mp4", *generate_more)
+    return Server(folder, "--model", model, *flags).wait_ready()
 
 
 def wait(server, video_id, timeout=120):
@@ -46,9 +46,9 @@ def wait(server, video_id, timeout=120):
 
 
 @pytest.fixture(scope="module")
-def wan(tmp_path_factory):
+def wan(tmp_path_factory, tiny_folder):
     folder = tmp_path_factory.mktemp("video-serve-wan")
-    server = served(folder, "wan", T2V)
+    server = served(folder, tiny_folder("wan"), T2V)
     try:
         yield server, folder
     finally:
@@ -115,10 +115,10 @@ def test_delete_cancels_a_queued_video(wan):
         'meshdit_requests_total{outcome="cancelled"}')).split()[1]) >= 1
 
 
-def test_image_to_video_upload_equals_meshdit_generate_image(tmp_path):
+def test_image_to_video_upload_equals_meshdit_generate_image(tiny_folder, tmp_path):
     """LTX-Video image to video: input_reference uploaded as multipart/form-data (as OpenAI's client sends it)."""
     sample_image(40, 56).save(tmp_path / "first.png")
-    server = served(tmp_path, "ltx-i2v", I2V, "--image", str(tmp_path / "first.png"))
+    server = served(tmp_path, tiny_folder("ltx-i2v"), I2V, "--image", str(tmp_path / "first.png"))
     try:
         upload = (tmp_path / "first.png").read_bytes()
         r = server.client.post("/v1/videos", data={"prompt": PROMPT, "seed": "3", "size": "96x64"},

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from meshdit.testing.serve_process import KEY, REPO, Server
-from meshdit.testing.tiny_models import sample_image, tiny_pipeline
+from meshdit.testing.tiny_models import sample_image
 
 from .comfy_loader import ComfyStandIn, load_pack, run_node, unload_pack
 
@@ -22,11 +22,10 @@ FLAGS = ["--height", "32", "--width", "48", "--steps", "2", "--max-sequence-leng
 
 
 @pytest.fixture(scope="module")
-def kontext(tmp_path_factory):
+def kontext(tmp_path_factory, tiny_folder):
     folder = tmp_path_factory.mktemp("comfyui-kontext")
-    tiny_pipeline("kontext").save_pretrained(folder / "model")
     sample_image(40, 56).save(folder / "input.png")
-    model = ["--model", str(folder / "model"), *FLAGS]
+    model = ["--model", tiny_folder("kontext"), *FLAGS]
     server = Server(folder, *model)
     try:
         subprocess.run([sys.executable, "-m", "meshdit", "generate", *model, "--seed", "3", "--prompt", PROMPT,

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from meshdit.testing.serve_process import KEY, REPO, Server
-from meshdit.testing.tiny_models import sample_image, tiny_pipeline
+from meshdit.testing.tiny_models import sample_image
 
 from .comfy_loader import ComfyStandIn, InterruptProcessingException, load_pack, run_node, unload_pack
 
@@ -25,10 +25,9 @@ T2V = ["--height", "64", "--width", "64", "--steps", "2", "--num-frames", "9"]  
 I2V = ["--height", "64", "--width", "96", "--steps", "2", "--num-frames", "9"]  # tiny LTX: 32-pixel tokens, 25 fps
 
 
-def serve_and_generate(folder: Path, name: str, flags: list[str], *generate_more: str) -> Server:
-    """A server of the tiny `name` pipeline; meshdit generate's clip.mp4 for SEED and PROMPT beside it."""
-    tiny_pipeline(name).save_pretrained(folder / "model")
-    model = ["--model", str(folder / "model"), *flags]
+def serve_and_generate(folder: Path, model_folder: str, flags: list[str], *generate_more: str) -> Server:
+    """A server of the tiny pipeline in `model_folder`; meshdit generate's clip.mp4 for SEED and PROMPT in `folder`."""
+    model = ["--model", model_folder, *flags]
     server = Server(folder, *model)
     try:
         subprocess.run([sys.executable, "-m", "meshdit", "generate", *model, "--seed", str(SEED), "--prompt", PROMPT,
@@ -42,9 +41,9 @@ def serve_and_generate(folder: Path, name: str, flags: list[str], *generate_more
 
 
 @pytest.fixture(scope="module")
-def wan(tmp_path_factory):
+def wan(tmp_path_factory, tiny_folder):
     folder = tmp_path_factory.mktemp("comfyui-wan")
-    server = serve_and_generate(folder, "wan", T2V)
+    server = serve_and_generate(folder, tiny_folder("wan"), T2V)
     try:
         yield server, folder
     finally:
@@ -126,10 +125,10 @@ def test_image_to_a_text_to_video_model_shows_the_servers_message(comfy, wan):
                  fps=0, filename_prefix="x")
 
 
-def test_image_to_video_equals_meshdit_generate_with_the_image(comfy, tmp_path_factory):
+def test_image_to_video_equals_meshdit_generate_with_the_image(comfy, tiny_folder, tmp_path_factory):
     folder = tmp_path_factory.mktemp("comfyui-ltx-i2v")
     sample_image(40, 56).save(folder / "first.png")
-    server = serve_and_generate(folder, "ltx-i2v", I2V, "--image", str(folder / "first.png"))
+    server = serve_and_generate(folder, tiny_folder("ltx-i2v"), I2V, "--image", str(folder / "first.png"))
     try:
         image = comfy.pack.tensors.png_to_image((folder / "first.png").read_bytes())  # as LoadImage gives it
         _, (frames, path, fps, _) = run_node(comfy.pack, "MeshditImageToVideo",
