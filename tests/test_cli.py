@@ -21,13 +21,6 @@ from meshdit.testing.tiny_models import sample_image, tiny_families, tiny_pipeli
 CLI = [sys.executable, "-m", "meshdit", "generate"]
 
 
-@pytest.fixture(scope="module")
-def tiny_flux_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("models") / "tiny-flux"
-    tiny_pipeline("flux").save_pretrained(path)
-    return str(path)
-
-
 def run_cli(args, timeout=120, env=None):
     start = time.monotonic()
     proc = subprocess.run(CLI + args, capture_output=True, text=True, timeout=timeout,
@@ -68,22 +61,21 @@ EDIT_FAMILIES = [module.TESTS for _, module in tiny_families(video=False) if mod
 
 
 @pytest.mark.parametrize("tests", EDIT_FAMILIES, ids=lambda t: t.edit)
-def test_generate_image_on_two_ranks_equals_one_process(tests, tmp_path):
+def test_generate_image_on_two_ranks_equals_one_process(tests, tiny_folder, tmp_path):
     """`--image` on an edit model under Ulysses 2 (only rank 0 decodes, every rank encodes the image) equals the
     in-process engine on the same request; the image changes the picture (where the model also runs without one).
     Every family with a tiny edit pipeline: FLUX.1 Kontext, Qwen-Image-Edit (its folder saved and loaded without
     torchvision, models/qwen_vl_processor.py)."""
-    pipe = tiny_pipeline(tests.edit)
-    pipe.save_pretrained(tmp_path / "model")
+    pipe, model = tiny_pipeline(tests.edit), tiny_folder(tests.edit)
     sample_image(40, 56).save(tmp_path / "input.png")
     extra = [f"--extra={key}={json.dumps(value)}" for key, value in tests.request_extra.items()]
     guidance = [] if tests.guidance is None else ["--guidance-scale", str(tests.guidance)]
     common = ["--height", "32", "--width", "48", "--steps", "2", "--max-sequence-length", "8", *guidance, *extra,
               "--seed", "3", "--prompt", "make the cat blue"]
-    proc, _ = run_cli(["--model", str(tmp_path / "model"), *common, "--image", str(tmp_path / "input.png"),
+    proc, _ = run_cli(["--model", model, *common, "--image", str(tmp_path / "input.png"),
                        "--ulysses-degree", "2", "--output", str(tmp_path / "out.npy")], timeout=300)
     assert proc.returncode == 0, proc.stderr
-    request = _cli_request(["--model", str(tmp_path / "model"), *common, "--image", str(tmp_path / "input.png")])
+    request = _cli_request(["--model", model, *common, "--image", str(tmp_path / "input.png")])
     engine = Engine(pipe)
     try:
         alone = engine.generate(request).images[0]

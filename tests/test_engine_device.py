@@ -36,15 +36,14 @@ def test_a_mesh_decides_and_a_contrary_device_is_refused():
         engine_device(mesh, "cuda:0")
 
 
-def test_from_pretrained_loads_on_the_gpu_and_the_result_names_the_device(visible_gpu, monkeypatch, tmp_path):
+def test_from_pretrained_loads_on_the_gpu_and_the_result_names_the_device(visible_gpu, monkeypatch, tiny_folder):
     asked = []
 
     def load(model, device, *args, **kwargs):  # the loading seam: where from_pretrained asks for the weights
         asked.append(device)
         return tiny_pipeline("flux")
 
-    model = str(tmp_path / "tiny-flux")
-    tiny_pipeline("flux").save_pretrained(model)
+    model = tiny_folder("flux")
     monkeypatch.setattr(loading_entry, "load_pipeline", load)
     engine = Engine.from_pretrained(model)
     Engine.from_pretrained(model, device="cpu").close()

@@ -42,28 +42,26 @@ def _meshdit(pipe, request):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_generate_without_options_is_the_plain_pipeline_call(name, tmp_path, monkeypatch):
+def test_generate_without_options_is_the_plain_pipeline_call(name, tiny_folder, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    tiny_pipeline(name).save_pretrained(tmp_path)  # the model folder `meshdit generate --model` reads
     flags = ("--output", str(tmp_path / "x.mp4")) if name == "cogvideox" else ()
-    request = _meshdit_request(str(tmp_path), *flags)
+    request = _meshdit_request(tiny_folder(name), *flags)  # the model folder `meshdit generate --model` reads
     expected = _diffusers(tiny_pipeline(name))
     images = _meshdit(tiny_pipeline(name), request)
     assert images.shape == expected.shape, (request.height, request.width, request.num_frames)
     assert np.array_equal(images, expected), f"max abs diff {np.abs(images - expected).max()}"
 
 
-def test_flux_without_guidance_embedding_runs_one_branch_unless_a_negative_prompt_is_given(tmp_path):
+def test_flux_without_guidance_embedding_runs_one_branch_unless_a_negative_prompt_is_given(tiny_folder):
     """FLUX.1 schnell-like: --guidance-scale is true_cfg_scale (default 1: one branch); Qwen-Image's default 4 runs
     true CFG only with a negative prompt, as diffusers' do_true_cfg."""
     from meshdit.models.info import ModelInfo
 
-    tiny_pipeline("flux").save_pretrained(tmp_path / "flux")
-    assert _meshdit_request(str(tmp_path / "flux")).guidance_scale == 1.0
-    assert not ModelInfo.from_pretrained(str(tmp_path / "flux")).runs_cfg(None)
-    tiny_pipeline("qwenimage").save_pretrained(tmp_path / "qwen")
-    assert _meshdit_request(str(tmp_path / "qwen")).guidance_scale == 1.0
-    assert _meshdit_request(str(tmp_path / "qwen"), "--negative-prompt", "blurry").guidance_scale == 4.0
+    flux, qwen = tiny_folder("flux"), tiny_folder("qwenimage")
+    assert _meshdit_request(flux).guidance_scale == 1.0
+    assert not ModelInfo.from_pretrained(flux).runs_cfg(None)
+    assert _meshdit_request(qwen).guidance_scale == 1.0
+    assert _meshdit_request(qwen, "--negative-prompt", "blurry").guidance_scale == 4.0
 
 
 def test_cogvideox_image_to_video_takes_8_frames_as_diffusers_does():
@@ -81,11 +79,9 @@ def test_cogvideox_image_to_video_takes_8_frames_as_diffusers_does():
     assert np.array_equal(images, expected), f"max abs diff {np.abs(images - expected).max()}"
 
 
-def test_a_blank_prompt_is_encoded_as_diffusers_does(tmp_path):
+def test_a_blank_prompt_is_encoded_as_diffusers_does(tiny_folder):
     """Unconditional generation: --prompt '' is taken (a warning says so) and equals pipe('')."""
-
-    tiny_pipeline("sd3").save_pretrained(tmp_path)
-    args = build_parser().parse_args(["generate", "--model", str(tmp_path), "--prompt", "", "--steps", "1"])
+    args = build_parser().parse_args(["generate", "--model", tiny_folder("sd3"), "--prompt", "", "--steps", "1"])
     request = generate_settings(args)[2]
     pipe = tiny_pipeline("sd3")
     pipe.set_progress_bar_config(disable=True)

@@ -11,6 +11,21 @@ import argparse
 import os
 import sys
 
+_SAVED: set = set()
+
+
+def saved_tiny(name: str, root: str, seed: int = 0) -> str:
+    """The folder of tiny pipeline `name` (seed `seed`) saved under `root`, saved once per process and reused:
+    the tests' shared model folders (tests/conftest.py's `tiny_folder`). Callers read it and never write into it
+    (copy it to change a file)."""
+    folder = os.path.join(root, f"{name}-seed{seed}")
+    if folder not in _SAVED:
+        from .tiny_models import tiny_pipeline
+
+        tiny_pipeline(name, seed=seed).save_pretrained(folder)
+        _SAVED.add(folder)
+    return folder
+
 
 def main(argv: list[str] | None = None) -> int:
     from .tiny_models import BUILDERS

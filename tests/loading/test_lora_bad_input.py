@@ -19,15 +19,14 @@ REQUEST = dict(prompt="a cat", height=36, width=44, num_inference_steps=2, guida
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
+def files(tmp_path_factory, tiny_folder):
     folder = tmp_path_factory.mktemp("bad-loras")
-    tiny_pipeline("flux").save_pretrained(folder / "flux")
     good = save_tiny_lora("flux", str(folder / "good.safetensors"), seed=1)
     other = save_tiny_lora("sd3", str(folder / "sd3.safetensors"), seed=1)  # another model's adapter
     data = open(good, "rb").read()
     (folder / "truncated.safetensors").write_bytes(data[:-16])
     (folder / "garbage.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
-    return dict(model=str(folder / "flux"), good=good, other=other, missing=str(folder / "missing.safetensors"),
+    return dict(model=tiny_folder("flux"), good=good, other=other, missing=str(folder / "missing.safetensors"),
                 truncated=str(folder / "truncated.safetensors"), garbage=str(folder / "garbage.safetensors"))
 
 
@@ -80,7 +79,7 @@ def test_unknown_adapter_and_mixed_batches_are_refused(files):
         engine.generate_many([GenerateRequest(**REQUEST, loras=(("good", 1.0),)), GenerateRequest(**REQUEST)])
 
 
-def test_families_without_a_loader_match_diffusers_and_are_refused_before_launch(tmp_path, files):
+def test_families_without_a_loader_match_diffusers_and_are_refused_before_launch(tiny_folder, files):
     import diffusers
 
     from meshdit.lora_files import PIPELINES_WITHOUT_LORA_LOADER
@@ -89,9 +88,8 @@ def test_families_without_a_loader_match_diffusers_and_are_refused_before_launch
     for family in FAMILIES:
         for name in family.pipeline_classes:
             assert hasattr(getattr(diffusers, name), "load_lora_weights") == (name not in PIPELINES_WITHOUT_LORA_LOADER)
-    tiny_pipeline("pixart-sigma").save_pretrained(tmp_path / "pixart")
     with pytest.raises(ConfigError, match="no LoRA loader for PixArtSigmaPipeline"):
-        _prelaunch(str(tmp_path / "pixart"), files["good"])
+        _prelaunch(tiny_folder("pixart-sigma"), files["good"])
 
 
 def test_tensor_parallelism_with_adapters_is_refused_before_ranks_start(files):

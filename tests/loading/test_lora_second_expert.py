@@ -94,16 +94,14 @@ def test_generate_flags_merge_into_one_adapter_per_file(files):
         with_second_expert(((files["a"], 0.5),), [(files["a"], 1.0)])
 
 
-def test_generates_flags_are_checked_before_ranks_start(files, tmp_path):
+def test_generates_flags_are_checked_before_ranks_start(files, tiny_folder, tmp_path):
     """--lora-2 on a saved model: refused on Wan 2.1 (no transformer_2), taken on Wan 2.2 (the file's tensors checked
     against transformer_2's weights)."""
     from meshdit.cli import build_parser, generate_settings
 
-    for name in ("wan", "wan22"):
-        tiny_pipeline(name).save_pretrained(tmp_path / name)
     argv = ["generate", "--lora-2", f"{files['b']}:0.5", "--prompt", "a cat", "--height", "64", "--width", "48",
             "--num-frames", "5", "--steps", "2", "--output", str(tmp_path / "x.mp4")]
     with pytest.raises(ConfigError, match="--lora-2 .*WanPipeline has no second expert"):
-        generate_settings(build_parser().parse_args(argv + ["--model", str(tmp_path / "wan")]))
-    engine, _, request = generate_settings(build_parser().parse_args(argv + ["--model", str(tmp_path / "wan22")]))
+        generate_settings(build_parser().parse_args(argv + ["--model", tiny_folder("wan")]))
+    engine, _, request = generate_settings(build_parser().parse_args(argv + ["--model", tiny_folder("wan22")]))
     assert dict(engine.lora_experts) == {"b": SECOND} and request.loras == ((files["b"], 0.5),)

@@ -60,10 +60,9 @@ def test_a_key_the_family_does_not_pass_is_refused():
                                                              extra={"decode_timestep": 0.05}))
 
 
-def test_cli_refuses_a_key_of_another_family_before_ranks_start(tmp_path):
-    model = tmp_path / "tiny-flux"
-    tiny_pipeline("flux").save_pretrained(model)
-    proc = subprocess.run([sys.executable, "-m", "meshdit", "generate", "--model", str(model), "--height", "32",
+def test_cli_refuses_a_key_of_another_family_before_ranks_start(tiny_folder, tmp_path):
+    model = tiny_folder("flux")
+    proc = subprocess.run([sys.executable, "-m", "meshdit", "generate", "--model", model, "--height", "32",
                            "--width", "32", "--ulysses-degree", "2", "--extra", f"prompt_template={TEMPLATE}",
                            "--output", str(tmp_path / "x.png")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr

@@ -106,16 +106,7 @@ def test_image_to_video_parallel_vae_decode_equals_one_process(run_ranks):
     check(results, i2v_reference("hunyuanvideo-i2v", PROMPT, I2V), frames=I2V_FRAMES)
 
 
-@pytest.fixture(scope="module")
-def tiny_i2v_dir(tmp_path_factory):
-    from meshdit.testing.tiny_models import tiny_pipeline
-
-    folder = tmp_path_factory.mktemp("tiny-hunyuanvideo-i2v")
-    tiny_pipeline("hunyuanvideo-i2v").save_pretrained(folder)
-    return folder
-
-
-def test_image_to_video_command_with_lean_loading_equals_one_process(tiny_i2v_dir, tmp_path):
+def test_image_to_video_command_with_lean_loading_equals_one_process(tiny_folder, tmp_path):
     """`meshdit generate --image` on 2 ranks (ulysses 2, memory-efficient loading) writes one process's video: every
     rank VAE-encodes the image while preparing, so every rank loads the VAE (not only the decoding one)."""
     import subprocess
@@ -126,7 +117,7 @@ def test_image_to_video_command_with_lean_loading_equals_one_process(tiny_i2v_di
     from meshdit.testing.tiny_models import sample_image
 
     sample_image(video_jobs.HEIGHT, video_jobs.WIDTH).save(tmp_path / "first.png")
-    common = [sys.executable, "-m", "meshdit", "generate", "--model", str(tiny_i2v_dir), "--image",
+    common = [sys.executable, "-m", "meshdit", "generate", "--model", tiny_folder("hunyuanvideo-i2v"), "--image",
               str(tmp_path / "first.png"), "--prompt", "a red cat", "--height", str(video_jobs.HEIGHT), "--width",
               str(video_jobs.WIDTH), "--num-frames", str(video_jobs.FRAMES), "--steps", "2", "--max-sequence-length",
               "16"]
@@ -139,7 +130,7 @@ def test_image_to_video_command_with_lean_loading_equals_one_process(tiny_i2v_di
     assert np.abs(two - one).max() <= 1e-5 * np.abs(one).max()
 
 
-def test_image_to_video_refusals_from_the_config_files(tiny_i2v_dir, tmp_path):
+def test_image_to_video_refusals_from_the_config_files(tiny_folder, tmp_path):
     """Its default guidance is the pipeline's 1.0 (one branch: CFG parallel refused); it needs --image; a
     token_replace transformer is refused, naming the setting."""
     import json
@@ -148,7 +139,7 @@ def test_image_to_video_refusals_from_the_config_files(tiny_i2v_dir, tmp_path):
     from meshdit.models.info import ModelInfo
     from meshdit.testing.tiny_models import sample_image
 
-    info = ModelInfo.from_pretrained(str(tiny_i2v_dir))
+    info = ModelInfo.from_pretrained(tiny_folder("hunyuanvideo-i2v"))
     good = dict(prompt="a cat", height=video_jobs.HEIGHT, width=video_jobs.WIDTH, num_frames=video_jobs.FRAMES,
                 image=sample_image())
     assert info.request_defaults().guidance_scale == 1.0
@@ -158,7 +149,7 @@ def test_image_to_video_refusals_from_the_config_files(tiny_i2v_dir, tmp_path):
     with pytest.raises(ConfigError, match="animates an image: pass its first frame with --image PATH"):
         info.check_request(ParallelConfig(), GenerateRequest(**{**good, "image": None}))
     token_replace = tmp_path / "token-replace"
-    shutil.copytree(tiny_i2v_dir, token_replace, ignore=shutil.ignore_patterns("*.safetensors"))
+    shutil.copytree(tiny_folder("hunyuanvideo-i2v"), token_replace, ignore=shutil.ignore_patterns("*.safetensors"))
     config = json.loads((token_replace / "transformer" / "config.json").read_text())
     (token_replace / "transformer" / "config.json").write_text(json.dumps({**config,
                                                                           "image_condition_type": "token_replace"}))
@@ -167,36 +158,27 @@ def test_image_to_video_refusals_from_the_config_files(tiny_i2v_dir, tmp_path):
         ModelInfo.from_pretrained(str(token_replace)).check_request(ParallelConfig(), GenerateRequest(**good))
 
 
-@pytest.fixture(scope="module")
-def tiny_hunyuanvideo_dir(tmp_path_factory):
-    from meshdit.testing.tiny_models import tiny_pipeline
-
-    folder = tmp_path_factory.mktemp("tiny-hunyuanvideo")
-    tiny_pipeline("hunyuanvideo").save_pretrained(folder)
-    return str(folder)
-
-
 @pytest.mark.parametrize("size,message", [
     (dict(num_frames=8), r"compresses 4 frames into one after the first: use k \* 4 \+ 1 frames, e\.g\. "
                          r"--num-frames 5 or 9"),
     (dict(height=40), "height 40 cannot be split into this model's patches: it must be a multiple of 16"),
     (dict(width=88), "width 88 cannot be split into this model's patches: it must be a multiple of 16"),
 ], ids=["frames", "height", "width"])
-def test_bad_video_sizes_are_refused_from_the_config_files(tiny_hunyuanvideo_dir, size, message):
+def test_bad_video_sizes_are_refused_from_the_config_files(tiny_folder, size, message):
     """Read from model_index.json, transformer/ and vae/ configs alone (what the CLI checks before ranks start)."""
     from meshdit.models.info import ModelInfo
 
-    info = ModelInfo.from_pretrained(tiny_hunyuanvideo_dir)
+    info = ModelInfo.from_pretrained(tiny_folder("hunyuanvideo"))
     request = dict(prompt="a cat", height=video_jobs.HEIGHT, width=video_jobs.WIDTH, num_frames=video_jobs.FRAMES)
     info.check_request(ParallelConfig(ulysses_degree=2), GenerateRequest(**request))  # the good sizes pass
     with pytest.raises(ConfigError, match=message):
         info.check_request(ParallelConfig(ulysses_degree=2), GenerateRequest(**{**request, **size}))
 
 
-def test_guidance_distilled_model_refuses_cfg_parallel(tiny_hunyuanvideo_dir):
+def test_guidance_distilled_model_refuses_cfg_parallel(tiny_folder):
     from meshdit.models.info import ModelInfo
 
-    info = ModelInfo.from_pretrained(tiny_hunyuanvideo_dir)
+    info = ModelInfo.from_pretrained(tiny_folder("hunyuanvideo"))
     with pytest.raises(ConfigError, match="use-cfg-parallel"):
         info.check_request(ParallelConfig(cfg_degree=2), GenerateRequest(
             prompt="a cat", height=video_jobs.HEIGHT, width=video_jobs.WIDTH, num_frames=video_jobs.FRAMES))

@@ -73,15 +73,6 @@ def test_image_to_video_needs_an_image_and_text_to_video_takes_none():
             ParallelConfig(), GenerateRequest(**GOOD, image=sample_image()))
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from meshdit.testing.tiny_models import tiny_pipeline
-
-    folder = tmp_path_factory.mktemp("tiny-hunyuanvideo15")
-    tiny_pipeline("hunyuanvideo15").save_pretrained(folder)
-    return str(folder)
-
-
 GOOD = dict(prompt="a cat", height=video_jobs.HEIGHT, width=video_jobs.WIDTH, num_frames=video_jobs.FRAMES)
 
 
@@ -92,12 +83,12 @@ GOOD = dict(prompt="a cat", height=video_jobs.HEIGHT, width=video_jobs.WIDTH, nu
     (dict(width=88), "width 88 cannot be split into this model's patches: it must be a multiple of 16"),
     (dict(extra={"max_sequence_length": 256}), "takes exactly 1000 text tokens.*not 256: drop --max-sequence-length"),
 ], ids=["frames", "height", "width", "text-length"])
-def test_bad_requests_are_refused_from_the_config_files(tiny_dir, change, message):
+def test_bad_requests_are_refused_from_the_config_files(tiny_folder, change, message):
     """Read from model_index.json, transformer/, vae/ and guider/ configs alone (what the CLI checks before ranks
     start); the guider's scale is the default guidance."""
     from meshdit.models.info import ModelInfo
 
-    info = ModelInfo.from_pretrained(tiny_dir)
+    info = ModelInfo.from_pretrained(tiny_folder("hunyuanvideo15"))
     assert info.request_defaults().guidance_scale == 4.0 and info.default_size == (480, 848)
     info.check_request(ParallelConfig(cfg_degree=2), GenerateRequest(**GOOD))  # the good sizes pass
     with pytest.raises(ConfigError, match=message):

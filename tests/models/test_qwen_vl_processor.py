@@ -2,6 +2,7 @@
 loaded back (meshdit's way without torchvision, and transformers' own Qwen2VLProcessor.from_pretrained given a video
 processor, as torchvision would make it), it encodes the edit pipeline's text and image as the tiny builder's does."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,11 +14,8 @@ from meshdit.testing.tiny_models import tiny_pipeline
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("qwenimage-edit")
-    pipe = tiny_pipeline("qwenimage-edit")
-    pipe.save_pretrained(folder)
-    return pipe, folder
+def saved(tiny_folder):
+    return tiny_pipeline("qwenimage-edit"), Path(tiny_folder("qwenimage-edit"))
 
 
 def _encoded(processor, pipe):
@@ -84,12 +82,11 @@ def test_chat_template_is_saved_and_loaded_back(tmp_path):
     assert image_only_processor_from_folder(str(tmp_path)).chat_template == template
 
 
-def test_loading_substitutes_the_processor_only_without_torchvision(saved, tmp_path, monkeypatch):
+def test_loading_substitutes_the_processor_only_without_torchvision(saved, tiny_folder, monkeypatch):
     import transformers.utils
 
     pipe, folder = saved
-    tiny_pipeline("qwenimage").save_pretrained(tmp_path)  # text-to-image: no processor
-    assert processor_substitutes(str(tmp_path)) == {}
+    assert processor_substitutes(tiny_folder("qwenimage")) == {}  # text-to-image: no processor
     monkeypatch.setattr(transformers.utils, "is_torchvision_available", lambda: False)
     substitutes = processor_substitutes(str(folder))
     assert list(substitutes) == ["processor"] and substitutes["processor"].video_processor is None

@@ -22,17 +22,16 @@ def _generate(model, out, *flags):
     return np.load(out)
 
 
-def _ulysses_equals_one_process(name, tmp_path, *flags):
-    model = tmp_path / name
-    tiny_pipeline(name).save_pretrained(model)
+def _ulysses_equals_one_process(model, tmp_path, *flags):
     serial = _generate(model, tmp_path / "serial.npy", *flags)
     parallel = _generate(model, tmp_path / "ulysses.npy", "--ulysses-degree", "2", *flags)
     assert serial.shape == (64, 48, 3)
     assert np.abs(parallel - serial).max() <= 1e-5 * np.abs(serial).max()
 
 
-def test_text_to_image_cli_under_ulysses_2_equals_one_process(tmp_path):
-    _ulysses_equals_one_process("qwenimage", tmp_path, "--negative-prompt", "blue", "--guidance-scale", "3")
+def test_text_to_image_cli_under_ulysses_2_equals_one_process(tiny_folder, tmp_path):
+    model = tiny_folder("qwenimage")
+    _ulysses_equals_one_process(model, tmp_path, "--negative-prompt", "blue", "--guidance-scale", "3")
 
 
 def _info(name):

@@ -163,7 +163,7 @@ def test_image_to_video_equals_one_process(run_ranks, degrees):
     check(results, reference(name, prompts))
 
 
-def test_generate_command_writes_a_playable_mp4(tmp_path):
+def test_generate_command_writes_a_playable_mp4(tiny_folder, tmp_path):
     """`meshdit generate --output clip.mp4` on 2 ranks (Ulysses 2, memory-efficient loading): an H.264 file
     that ffmpeg reads back with every frame, at the requested size and fps."""
     import subprocess
@@ -171,11 +171,7 @@ def test_generate_command_writes_a_playable_mp4(tmp_path):
 
     import imageio.v3 as iio
 
-    from meshdit.testing.tiny_models import tiny_pipeline
-
-    model = tmp_path / "tiny-wan"
-    tiny_pipeline("wan").save_pretrained(model)
-    common = [sys.executable, "-m", "meshdit", "generate", "--model", str(model), "--prompt", "a red cat",
+    common = [sys.executable, "-m", "meshdit", "generate", "--model", tiny_folder("wan"), "--prompt", "a red cat",
               "--height", str(video_jobs.HEIGHT), "--width", str(video_jobs.WIDTH), "--num-frames",
               str(video_jobs.FRAMES), "--steps", "2", "--max-sequence-length", str(video_jobs.TEXT), "--fps", "8"]
     clip = tmp_path / "clip.mp4"

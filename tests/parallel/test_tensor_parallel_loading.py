@@ -1,20 +1,11 @@
 """Lean loading under tensor parallelism: each tp rank materialises only its shards of the blocks' weights."""
 import numpy as np
-import pytest
 
-from meshdit.testing.tiny_models import tiny_pipeline
 from tests.parallel import tensor_jobs
 
 # a column-parallel, a row-parallel and a gathered (modulation) weight of FLUX.1
 SHAPES_OF = ("transformer_blocks.0.attn.to_q.weight", "transformer_blocks.0.attn.to_out.0.weight",
              "transformer_blocks.0.norm1.linear.weight", "single_transformer_blocks.0.proj_out.weight")
-
-
-@pytest.fixture(scope="module")
-def flux_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-flux-tp")
-    tiny_pipeline("flux-4blocks").save_pretrained(folder)
-    return str(folder)
 
 
 def test_each_tp_rank_loads_only_its_shards(run_ranks, flux_folder):

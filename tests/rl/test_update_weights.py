@@ -10,16 +10,14 @@ from tests.rl import weights_jobs
 _FOLDERS: dict = {}
 
 
-def folders(tmp_path_factory, name):
+def folders(tmp_path_factory, tiny_folder, name):
     """(a tiny model folder, the same model with another transformer's weights)."""
     if name not in _FOLDERS:
-        before = tmp_path_factory.mktemp(f"{name}-before")
         after = tmp_path_factory.mktemp(f"{name}-after")
-        tiny_pipeline(name).save_pretrained(before)
         pipe = tiny_pipeline(name)
         pipe.transformer.load_state_dict(tiny_pipeline(name, seed=1).transformer.state_dict())
         pipe.save_pretrained(after)
-        _FOLDERS[name] = str(before), str(after)
+        _FOLDERS[name] = tiny_folder(name), str(after)
     return _FOLDERS[name]
 
 
@@ -37,9 +35,9 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_updated_weights_generate_what_a_fresh_engine_with_them_does(run_ranks, tmp_path_factory, case):
+def test_updated_weights_generate_what_a_fresh_engine_with_them_does(run_ranks, tmp_path_factory, tiny_folder, case):
     name, degrees, source, fp8 = CASES[case]
-    before, after = folders(tmp_path_factory, name)
+    before, after = folders(tmp_path_factory, tiny_folder, name)
     world = 2 if degrees else 1
     results = (run_ranks(2, weights_jobs.updated_vs_fresh, name, before, after, degrees, source, fp8) if degrees
                else [weights_jobs.updated_vs_fresh(name, before, after, degrees, source, fp8)])
@@ -59,10 +57,10 @@ def test_updated_weights_generate_what_a_fresh_engine_with_them_does(run_ranks, 
 
 
 @pytest.mark.parametrize("degrees", [{}, dict(pipefusion_parallel_degree=2, warmup_steps=3)], ids=["serial", "pf2"])
-def test_a_lora_update_changes_the_adapter_only(run_ranks, tmp_path_factory, degrees):
+def test_a_lora_update_changes_the_adapter_only(run_ranks, tiny_folder, tmp_path_factory, degrees):
     from meshdit.testing.tiny_lora import save_tiny_lora
 
-    folder = folders(tmp_path_factory, "flux")[0]
+    folder = tiny_folder("flux")
     loras = tmp_path_factory.mktemp("loras")
     first = save_tiny_lora("flux", str(loras / "first.safetensors"), seed=0)
     second = save_tiny_lora("flux", str(loras / "second.safetensors"), seed=1)

@@ -90,23 +90,21 @@ def test_a_model_that_needs_an_image_is_not_refused_for_the_defaults_having_none
 FIXED_SIZE = {"cogvideox-i2v": (48, 80)}  # CogVideoX-5B I2V's learned positional embeddings: their size only
 
 
-def test_every_video_family_is_served(tmp_path):
+def test_every_video_family_is_served(tiny_folder):
     """Each video family's tiny pipelines (text to video, and image to video where it has one) pass serve's checks
     with a frame count and fps of the family's; an image model refuses --num-frames as generate does."""
-    from meshdit.testing.tiny_models import tiny_families, tiny_pipeline
+    from meshdit.testing.tiny_models import tiny_families
 
     for family, module in tiny_families(video=True):
         for name in (module.TESTS.main, *(build for build, _ in module.TESTS.image_to_video)):
-            folder = tmp_path / name
-            tiny_pipeline(name).save_pretrained(folder)
-            height, width = FIXED_SIZE.get(name, (64, 64))
+            height, width, model = *FIXED_SIZE.get(name, (64, 64)), tiny_folder(name)
             settings = serve_settings(build_parser().parse_args([
-                "serve", "--model", str(folder), "--height", str(height), "--width", str(width), "--num-frames", "9"]))
+                "serve", "--model", model, "--height", str(height), "--width", str(width), "--num-frames", "9"]))
             assert (settings.request.num_frames, settings.request.fps) == (9, family.video.fps), name
     with pytest.raises(Exception, match="--num-frames is for video models"):
         serve_settings(build_parser().parse_args(["serve", "--num-frames", "9"]))
     with pytest.raises(Exception, match="each video request makes one video"):
-        serve_settings(build_parser().parse_args(["serve", "--model", str(tmp_path / "wan"), "--height", "64",
+        serve_settings(build_parser().parse_args(["serve", "--model", tiny_folder("wan"), "--height", "64",
                                                   "--width", "64", "--num-frames", "9", "--data-parallel-degree", "2"]))
 
 
@@ -190,15 +188,13 @@ def test_loopback_hosts_need_no_api_key(host):
     assert is_loopback(host)
 
 
-def test_a_stray_folder_in_lora_dir_is_skipped_with_a_warning(tmp_path, capsys):
+def test_a_stray_folder_in_lora_dir_is_skipped_with_a_warning(tiny_folder, tmp_path, capsys):
     """A folder named like an adapter file (x.safetensors) is no adapter: skipped, saying so, not refused as --lora."""
     from meshdit.testing.tiny_lora import save_tiny_lora
-    from meshdit.testing.tiny_models import tiny_pipeline
 
-    tiny_pipeline("flux").save_pretrained(tmp_path / "model")
     (tmp_path / "loras" / "x.safetensors").mkdir(parents=True)
     ink = save_tiny_lora("flux", str(tmp_path / "loras" / "ink.safetensors"), seed=1)
-    args = build_parser().parse_args(["serve", "--model", str(tmp_path / "model"), "--lora-dir",
+    args = build_parser().parse_args(["serve", "--model", tiny_folder("flux"), "--lora-dir",
                                       str(tmp_path / "loras"), "--height", "32", "--width", "48"])
     assert serve_settings(args).engine.loras == (("ink", ink),)
     assert "--lora-dir" in (err := capsys.readouterr().err) and "skipping 'x.safetensors'" in err, err

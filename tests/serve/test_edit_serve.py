@@ -5,53 +5,30 @@ from __future__ import annotations
 
 import base64
 import io
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from meshdit.testing.serve_process import KEY, REPO, Server
-from meshdit.testing.tiny_models import sample_image, tiny_families, tiny_pipeline
+from meshdit.testing.serve_process import KEY
+from meshdit.testing.tiny_models import tiny_families
+from tests.serve.shared import edit_flags
 
 EDITS = [module.TESTS.edit for _, module in tiny_families(video=False) if module.TESTS.edit]
 SIZE = "48x32"  # WxH; the input image is 56 x 40, so its tokens are not the output's
 PROMPT = "a blue cat"  # at most --max-sequence-length 8 T5 tokens, or serve refuses it
 
 
-def flags(name: str) -> list[str]:
-    tests = next(module.TESTS for _, module in tiny_families(video=False) if module.TESTS.edit == name)
-    out = ["--ulysses-degree", "2", "--height", "32", "--width", "48", "--steps", "2", "--max-sequence-length", "8"]
-    if tests.guidance is not None:
-        out += ["--guidance-scale", str(tests.guidance)]
-    for key, value in tests.request_extra.items():  # e.g. Kontext's reference kept at its own size
-        out += ["--extra", f"{key}={json.dumps(value)}"]
-    return out
-
-
 def pixels(png: bytes) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
 
 
-@pytest.fixture(scope="module", params=EDITS)
-def served(request, tmp_path_factory):
-    name = request.param
-    folder = tmp_path_factory.mktemp(f"edit-serve-{name}")
-    tiny_pipeline(name).save_pretrained(folder / "model")
-    sample_image(40, 56).save(folder / "input.png")
-    model = ["--model", str(folder / "model"), *flags(name)]
-    subprocess.run([sys.executable, "-m", "meshdit", "generate", *model, "--seed", "3", "--prompt", PROMPT,
-                    "--image", str(folder / "input.png"), "--output", str(folder / "generated.png")],
-                   cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), check=True, stdout=subprocess.PIPE,
-                   stderr=subprocess.STDOUT, timeout=600)
-    server = Server(folder, *model)
-    try:
-        yield server.wait_ready(), folder
-    finally:
-        server.stop()
+@pytest.fixture(params=EDITS)
+def served(request, served_tiny):
+    """The edit pipeline's server under Ulysses 2, with input.png and generate's generated.png (the Kontext one
+    shared with tests/serve/comfyui/test_edit_node.py)."""
+    return served_tiny(request.param, edit_flags(request.param, "--ulysses-degree", "2"), PROMPT, "generated.png",
+                       image=True)
 
 
 def test_openai_images_edit_equals_meshdit_generate(served):

@@ -15,7 +15,6 @@ from PIL import Image
 
 from meshdit.testing.serve_process import KEY, REPO, Server
 from meshdit.testing.tiny_lora import save_tiny_lora
-from meshdit.testing.tiny_models import tiny_pipeline
 
 FLAGS = ["--ulysses-degree", "2", "--height", "32", "--width", "48", "--steps", "2", "--max-sequence-length", "8",
          "--guidance-scale", "1"]
@@ -28,18 +27,17 @@ def png(data: bytes) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("lora-serve")
-    tiny_pipeline("flux").save_pretrained(folder / "model")
+def setup(tmp_path_factory, tiny_folder):
+    folder, model = tmp_path_factory.mktemp("lora-serve"), tiny_folder("flux")
     (folder / "loras").mkdir()
     paths = {name: save_tiny_lora("flux", str(folder / "loras" / f"{name}.safetensors"), seed=seed)
              for name, seed in (("ink", 1), ("neon", 2))}
-    server = Server(folder, "--model", str(folder / "model"), "--lora-dir", str(folder / "loras"), *FLAGS)
+    server = Server(folder, "--model", model, "--lora-dir", str(folder / "loras"), *FLAGS)
     generated = {}
     try:
         for name, path in paths.items():  # meshdit generate with the same layout, seed and adapter
             generated[name] = folder / f"{name}.png"
-            subprocess.run([sys.executable, "-m", "meshdit", "generate", "--model", str(folder / "model"), *FLAGS,
+            subprocess.run([sys.executable, "-m", "meshdit", "generate", "--model", model, *FLAGS,
                             "--seed", "3", "--prompt", PROMPT, "--lora", f"{path}:0.8", "--output",
                             str(generated[name])], cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), check=True,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)

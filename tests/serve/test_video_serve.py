@@ -4,34 +4,17 @@ MP4 `meshdit generate --output clip.mp4` writes for the same request, byte for b
 same encoder and settings: output.video_file_bytes); status, progress, delete and the refusals."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
-from meshdit.testing.serve_process import KEY, REPO, Server
-from meshdit.testing.tiny_models import sample_image, tiny_pipeline
+from meshdit.testing.serve_process import KEY
 
 pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")  # the openai client's own note
 PROMPT = "a red cat walks"
 T2V = ["--height", "64", "--width", "64", "--steps", "2", "--num-frames", "9"]  # tiny Wan: 16 fps, so 9 frames
 I2V = ["--height", "64", "--width", "96", "--steps", "2", "--num-frames", "9"]  # tiny LTX: 32-pixel tokens, 25 fps
-
-
-def generate(folder, model, flags, output, *more):
-    subprocess.run([sys.executable, "-m", "meshdit", "generate", "--model", str(model), *flags, "--seed", "3",
-                    "--prompt", PROMPT, *more, "--output", str(output)], cwd=REPO,
-                   env=dict(os.environ, PYTHONPATH=str(REPO)), check=True, stdout=subprocess.PIPE,
-                   stderr=subprocess.STDOUT, timeout=600)
-
-
-def served(folder, name, flags, *generate_more):
-    tiny_pipeline(name).save_pretrained(folder / "model")
-    generate(folder, folder / "model", flags, folder / "generated.mp4", *generate_more)
-    return Server(folder, "--model", str(folder / "model"), *flags).wait_ready()
 
 
 def wait(server, video_id, timeout=120):
@@ -45,14 +28,10 @@ def wait(server, video_id, timeout=120):
     raise TimeoutError(video)
 
 
-@pytest.fixture(scope="module")
-def wan(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("video-serve-wan")
-    server = served(folder, "wan", T2V)
-    try:
-        yield server, folder
-    finally:
-        server.stop()
+@pytest.fixture
+def wan(served_tiny):
+    """The tiny Wan's server and generate's generated.mp4 (shared with tests/serve/comfyui/test_video_nodes.py)."""
+    return served_tiny("wan", T2V, PROMPT, "generated.mp4")
 
 
 def test_openai_videos_equal_meshdit_generate(wan):
@@ -115,19 +94,15 @@ def test_delete_cancels_a_queued_video(wan):
         'meshdit_requests_total{outcome="cancelled"}')).split()[1]) >= 1
 
 
-def test_image_to_video_upload_equals_meshdit_generate_image(tmp_path):
+def test_image_to_video_upload_equals_meshdit_generate_image(served_tiny):
     """LTX-Video image to video: input_reference uploaded as multipart/form-data (as OpenAI's client sends it)."""
-    sample_image(40, 56).save(tmp_path / "first.png")
-    server = served(tmp_path, "ltx-i2v", I2V, "--image", str(tmp_path / "first.png"))
-    try:
-        upload = (tmp_path / "first.png").read_bytes()
-        r = server.client.post("/v1/videos", data={"prompt": PROMPT, "seed": "3", "size": "96x64"},
-                               files={"input_reference": ("first.png", upload, "image/png")})
-        assert r.status_code == 200, r.text
-        assert wait(server, r.json()["id"])["status"] == "completed"
-        mp4 = server.client.get(f"/v1/videos/{r.json()['id']}/content").content
-        assert mp4 == (tmp_path / "generated.mp4").read_bytes()
-        missing = server.client.post("/v1/videos", json={"prompt": PROMPT})
-        assert missing.status_code == 400 and missing.json()["error"]["param"] == "input_reference"
-    finally:
-        server.stop()
+    server, folder = served_tiny("ltx-i2v", I2V, PROMPT, "generated.mp4", image=True)
+    upload = (folder / "input.png").read_bytes()
+    r = server.client.post("/v1/videos", data={"prompt": PROMPT, "seed": "3", "size": "96x64"},
+                           files={"input_reference": ("first.png", upload, "image/png")})
+    assert r.status_code == 200, r.text
+    assert wait(server, r.json()["id"])["status"] == "completed"
+    mp4 = server.client.get(f"/v1/videos/{r.json()['id']}/content").content
+    assert mp4 == (folder / "generated.mp4").read_bytes()
+    missing = server.client.post("/v1/videos", json={"prompt": PROMPT})
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "input_reference"

@@ -2,40 +2,25 @@
 LoadImage would give for a file, edited, equals `meshdit generate --image` with that file, prompt and seed."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from meshdit.testing.serve_process import KEY, REPO, Server
-from meshdit.testing.tiny_models import sample_image, tiny_pipeline
+from meshdit.testing.serve_process import KEY
+from tests.serve.shared import edit_flags
 
 from .comfy_loader import ComfyStandIn, load_pack, run_node, unload_pack
 
 PROMPT = "a blue cat"  # at most --max-sequence-length 8 T5 tokens
-FLAGS = ["--height", "32", "--width", "48", "--steps", "2", "--max-sequence-length", "8", "--guidance-scale", "3.0",
-         "--extra", f"_auto_resize={json.dumps(False)}"]  # the tiny model keeps the reference at its own size
 
 
-@pytest.fixture(scope="module")
-def kontext(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("comfyui-kontext")
-    tiny_pipeline("kontext").save_pretrained(folder / "model")
-    sample_image(40, 56).save(folder / "input.png")
-    model = ["--model", str(folder / "model"), *FLAGS]
-    server = Server(folder, *model)
-    try:
-        subprocess.run([sys.executable, "-m", "meshdit", "generate", *model, "--seed", "3", "--prompt", PROMPT,
-                        "--image", str(folder / "input.png"), "--output", str(folder / "generated.png")], cwd=REPO,
-                       env=dict(os.environ, PYTHONPATH=str(REPO)), check=True, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, timeout=600)
-        yield server.wait_ready(), folder
-    finally:
-        server.stop()
+@pytest.fixture
+def kontext(served_tiny):
+    """The tiny Kontext's server (Ulysses 2) with input.png and generate's generated.png: the one
+    tests/serve/test_edit_serve.py asks for (the reference kept at its own size: the tiny model's --extra)."""
+    return served_tiny("kontext", edit_flags("kontext", "--ulysses-degree", "2"), PROMPT, "generated.png", image=True)
 
 
 def test_image_edit_equals_meshdit_generate_with_the_image(monkeypatch, kontext):

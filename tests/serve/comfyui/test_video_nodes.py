@@ -5,8 +5,6 @@ as ComfyUI's IMAGE; the job's steps reach the progress bar; an interrupt cancels
 a text-to-video model shows the server's message."""
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshdit.testing.serve_process import KEY, REPO, Server
-from meshdit.testing.tiny_models import sample_image, tiny_pipeline
+from meshdit.testing.serve_process import KEY
 
 from .comfy_loader import ComfyStandIn, InterruptProcessingException, load_pack, run_node, unload_pack
 
@@ -25,30 +22,10 @@ T2V = ["--height", "64", "--width", "64", "--steps", "2", "--num-frames", "9"]  
 I2V = ["--height", "64", "--width", "96", "--steps", "2", "--num-frames", "9"]  # tiny LTX: 32-pixel tokens, 25 fps
 
 
-def serve_and_generate(folder: Path, name: str, flags: list[str], *generate_more: str) -> Server:
-    """A server of the tiny `name` pipeline; meshdit generate's clip.mp4 for SEED and PROMPT beside it."""
-    tiny_pipeline(name).save_pretrained(folder / "model")
-    model = ["--model", str(folder / "model"), *flags]
-    server = Server(folder, *model)
-    try:
-        subprocess.run([sys.executable, "-m", "meshdit", "generate", *model, "--seed", str(SEED), "--prompt", PROMPT,
-                        *generate_more, "--output", str(folder / "generated.mp4")], cwd=REPO,
-                       env=dict(os.environ, PYTHONPATH=str(REPO)), check=True, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, timeout=600)
-        return server.wait_ready()
-    except BaseException:
-        server.stop()
-        raise
-
-
-@pytest.fixture(scope="module")
-def wan(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("comfyui-wan")
-    server = serve_and_generate(folder, "wan", T2V)
-    try:
-        yield server, folder
-    finally:
-        server.stop()
+@pytest.fixture
+def wan(served_tiny):
+    """The tiny Wan's server and generate's generated.mp4 (shared with tests/serve/test_video_serve.py)."""
+    return served_tiny("wan", T2V, PROMPT, "generated.mp4")
 
 
 @pytest.fixture
@@ -126,16 +103,10 @@ def test_image_to_a_text_to_video_model_shows_the_servers_message(comfy, wan):
                  fps=0, filename_prefix="x")
 
 
-def test_image_to_video_equals_meshdit_generate_with_the_image(comfy, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("comfyui-ltx-i2v")
-    sample_image(40, 56).save(folder / "first.png")
-    server = serve_and_generate(folder, "ltx-i2v", I2V, "--image", str(folder / "first.png"))
-    try:
-        image = comfy.pack.tensors.png_to_image((folder / "first.png").read_bytes())  # as LoadImage gives it
-        _, (frames, path, fps, _) = run_node(comfy.pack, "MeshditImageToVideo",
-                                             settings=settings(comfy, server.url), image=image, prompt=PROMPT,
-                                             frames=0, fps=0, filename_prefix="i2v")
-        assert Path(path).read_bytes() == (folder / "generated.mp4").read_bytes()
-        assert frames.shape == (9, 64, 96, 3) and fps == 25.0
-    finally:
-        server.stop()
+def test_image_to_video_equals_meshdit_generate_with_the_image(comfy, served_tiny):
+    server, folder = served_tiny("ltx-i2v", I2V, PROMPT, "generated.mp4", image=True)
+    image = comfy.pack.tensors.png_to_image((folder / "input.png").read_bytes())  # as LoadImage gives it
+    _, (frames, path, fps, _) = run_node(comfy.pack, "MeshditImageToVideo", settings=settings(comfy, server.url),
+                                         image=image, prompt=PROMPT, frames=0, fps=0, filename_prefix="i2v")
+    assert Path(path).read_bytes() == (folder / "generated.mp4").read_bytes()
+    assert frames.shape == (9, 64, 96, 3) and fps == 25.0
