@@ -202,6 +202,8 @@ class GenerateRequest:
              "layout (default: 0)")
     num_images_per_prompt: int = flagged(
         1, flag="num-images-per-prompt", type=int, metavar="K", help="images per prompt, >= 1 (default: 1)")
+    # PipeFusion's run-time settings are the request's, not the engine's: they re-cut the same stages into patches
+    # and choose how stale K/V is used, so they change between generations without reloading (request.py).
     warmup_steps: int = flagged(
         1, flag="warmup-steps", type=int, metavar="K",
         help=f"PipeFusion: leading steps run on the whole image without stale K/V (default: 1; "
@@ -228,15 +230,19 @@ class GenerateRequest:
              "pixels and 4096 x 4096 pixels in all, resized by the pipeline (default: none; FLUX.1 Kontext then "
              "draws from text alone)")
     cache: CacheSettings = field(default_factory=CacheSettings)
-    """Step caching (`--cache` and its options: meshdit/cache_settings.py); off by default."""
+    """Step caching (`--cache` and its options: meshdit/cache_settings.py); off by default. The request's: hooks
+    installed per generation (cache/run.py), so it changes between requests without reloading."""
     loras: tuple = flagged(
         (), flag="lora", action="append", type=parse_lora_flag, metavar="PATH[:WEIGHT]", cli_default=None,
         to_field=lambda given: tuple(given or ()),
         help="a LoRA adapter (diffusers' .safetensors file) and its weight (default 1.0); repeatable: the adapters "
              "add up (default: none; docs/lora.md)")
-    """((adapter name or file, weight), ...): the LoRA adapters this request runs with (the engine loaded them)."""
+    """((adapter name or file, weight), ...): the LoRA adapters this request runs with. The weights are the request's
+    (set_adapters switches them per request); the files are EngineSettings.loras' (loaded when the engine is built:
+    a new file would be a reload)."""
     extra: dict = field(default_factory=dict)
-    """Extra keyword arguments for the pipeline family's recipe (e.g. max_sequence_length)."""
+    """Extra keyword arguments for the pipeline family's recipe (e.g. max_sequence_length): per call, so the
+    request's."""
     sampler: str | None = None
     """None: the scheduler's own step; "flow-sde": Flow-GRPO's SDE step with per-step log-probs (flow-matching
     families; each image's noise from its own seed: docs/rl.md)."""
@@ -249,10 +255,6 @@ class GenerateRequest:
     @property
     def prompts(self) -> list[str]:
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
-
-    def pipefusion_settings(self, config: ParallelConfig) -> tuple:
-        """What PipeFusion does differently per request: requests in one batch must share it."""
-        return self.warmup_steps, self.patches(config), self.kv_drift_correction
 
     def patches(self, config: ParallelConfig) -> int:
         """PipeFusion's patches on this layout: --num-pipeline-patch, else one per stage."""

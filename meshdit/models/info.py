@@ -189,7 +189,13 @@ class ModelInfo:
         weights load; each refusal a RequestFieldError naming the request's field (ConfigError where the model or
         layout alone is at fault). num_images: images of the whole batch the request runs in (default: the
         request's own). image_per_request: `request` is serve's defaults, and each HTTP request brings its own
-        input image (checked then)."""
+        input image (checked then). A GenerateRequest given here is resolved first (by resolve_request, which
+        calls this)."""
+        from ..request import ResolvedRequest, resolve_request
+
+        if not isinstance(request, ResolvedRequest):
+            resolve_request(request, self, config, num_images, image_per_request)
+            return
         limit = self.family.max_sequence_length_limit
         tokens = request.extra["max_sequence_length"]
         fixed = self.family.fixed_text_length(self.transformer_config)
