@@ -100,8 +100,8 @@ def serve_settings(args, check_port: bool = False):
         print(f"meshdit serve: {describe_choice(engine, prediction)}")
     # The smallest batch a request may make: one image per data-parallel group. Each request is resolved from
     # `request` (the flags' values, unset ones unset) in ServerState.make_job, as generate resolves its own.
-    info, _ = check_before_launch(engine, request, num_images=max(engine.config.data_parallel_degree, 1),
-                                  image_per_request=True)
+    info, defaults = check_before_launch(engine, request, num_images=max(engine.config.data_parallel_degree, 1),
+                                         image_per_request=True)
     if info.is_video and engine.config.data_parallel_degree > 1:
         raise ConfigError(f"--data-parallel-degree {engine.config.data_parallel_degree}: each video request makes one "
                           "video, and data parallelism needs one per group in every request: give the ranks to "
@@ -111,7 +111,8 @@ def serve_settings(args, check_port: bool = False):
     from .server_state import ServeSettings  # numpy and the server's modules: only once every check passed
 
     return ServeSettings(
-        engine=engine, request=request, host=args.host, port=args.port, api_key=api_key, max_queue=args.max_queue,
+        engine=engine, request=defaults, flags=request, host=args.host, port=args.port, api_key=api_key,
+        max_queue=args.max_queue,
         batching=not args.no_batching, max_batch_images=args.max_batch_images, max_images=args.max_images,
         request_timeout=args.request_timeout, queue_timeout=args.queue_timeout,
         **limit_settings(args))

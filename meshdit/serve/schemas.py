@@ -48,6 +48,14 @@ class PerRequestSettings(BaseModel):
     kv_drift_correction: StrictBool | None = None
 
 
+    def dimensions(self, default: tuple[int, int]) -> tuple[int, int]:
+        """(height, width) of the body's `size` "WxH" (ImageRequest's and VideoRequest's)."""
+        if getattr(self, "size", None) is None:
+            return default
+        width, height = (int(v) for v in self.size.split("x"))
+        return height, width
+
+
 PER_REQUEST_FIELDS = ("extra", "warmup_steps", "num_pipeline_patch", "kv_drift_correction")
 """PerRequestSettings' fields that are GenerateRequest's under the same name (cache and loras are translated)."""
 
@@ -71,12 +79,6 @@ class ImageRequest(PerRequestSettings):
     # the input image of an edit model: base64 (or a data: URL); a multipart upload arrives here base64-encoded
     image: StrictStr | None = None
 
-    def dimensions(self, default: tuple[int, int]) -> tuple[int, int]:
-        """(height, width)."""
-        if self.size is None:
-            return default
-        width, height = (int(v) for v in self.size.split("x"))
-        return height, width
 
 
 class ImageReference(BaseModel):

@@ -36,10 +36,12 @@ class ServeSettings:
 
     engine: EngineSettings
     """How every rank builds its engine: the same settings `meshdit generate` gives its ranks."""
-    request: GenerateRequest
-    """Every request's base as serve's flags give it (checked before the ranks start); a request's own values
-    (prompt, n, size, steps, seed, extra, ...) replace them in make_job, and request.resolve_request fills what
-    both leave unset from the model's defaults, as for generate and the API."""
+    request: GenerateRequest | ResolvedRequest
+    """Every request's defaults: serve's flags resolved with the model's defaults before the ranks start."""
+    flags: GenerateRequest | None = None
+    """Every request's base: what serve's flags set, unset values unset (None: `request`). A request's own values
+    (prompt, n, size, steps, seed, extra, ...) replace them in make_job, and request.resolve_request fills what both
+    leave unset from the model's defaults, as for generate and the API."""
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
@@ -146,12 +148,14 @@ class ServerState:
     @property
     def given_request(self) -> GenerateRequest:
         """Every request's base: what serve's flags set (unset values stay unset, for the model's defaults)."""
-        r = self.settings.request
+        r = self.settings.flags or self.settings.request
         return as_request(r) if isinstance(r, ResolvedRequest) else r
 
     def resolved_defaults(self) -> ResolvedRequest:
-        """What a request that sets nothing resolves to (its prompt aside)."""
-        return resolve_request(self.given_request, self.info)
+        """What a request that sets nothing resolves to (its prompt aside): `request`, resolved before the ranks
+        started (serve_settings), or resolved now (as given while no model is attached)."""
+        r = self.settings.request
+        return r if isinstance(r, ResolvedRequest) or self.info is None else resolve_request(r, self.info)
 
     def defaults(self) -> dict:
         """What a request leaves unset becomes (the web page prefills these)."""

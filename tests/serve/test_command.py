@@ -141,7 +141,7 @@ def test_every_engine_and_default_setting_reaches_serves_ranks_as_generates(monk
     assert (engine.dtype, engine.fp8.gemm, engine.fp8.stale_kv, engine.loading.memory_efficient,
             engine.loading.text_encoder_device, engine.config.compile, engine.vae.parallel) == (
         "bfloat16", True, True, True, "cpu", "aot_eager", True)
-    assert settings.request == dataclasses.replace(request, prompt=["-"])
+    assert settings.request == dataclasses.replace(request, prompt=("-",))
     assert (request.height, request.width, request.num_inference_steps, request.warmup_steps,
             request.extra["max_sequence_length"]) == (64, 48, 3, 2, 16)
 

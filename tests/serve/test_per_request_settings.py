@@ -18,7 +18,7 @@ from meshdit.testing.tiny_models import tiny_pipeline
 PROMPT = "a red cat walks"
 # 2 steps: t = 1000 on the first expert, then the second (the tiny pair's boundary 0.9)
 FLAGS = ["--pipefusion-parallel-degree", "2", "--height", "64", "--width", "48", "--steps", "2", "--num-frames", "5",
-         "--guidance-scale", "1", "--max-sequence-length", "8"]
+         "--guidance-scale", "1", "--max-sequence-length", "16"]
 # a served body's settings -> the same request as generate's flags ({dir} is the adapters' folder)
 CASES = {
     "loras-both-experts-patches": (
