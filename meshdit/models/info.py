@@ -267,7 +267,8 @@ class ModelInfo:
         if not self.is_video:
             for flag, value in (("--num-frames", request.num_frames), ("--fps", request.fps)):
                 if value is not None:
-                    raise RequestFieldError(flag.removeprefix("--").replace("-", "_"), f"{flag} is for video models, but this {what} makes images: drop {flag}.")
+                    raise RequestFieldError(flag.removeprefix("--").replace("-", "_"),
+                                            f"{flag} is for video models, but this {what} makes images: drop {flag}.")
             self._check_image(request, image_per_request, need="edits an image: pass the image to edit",
                               refusal="makes images from text alone")
             return
@@ -426,8 +427,8 @@ class ModelInfo:
                 f"rotary table covers ({limit} positions per axis, its transformer's rope_max_seq_len): use "
                 f"--height and --width <= {limit * multiple}.")
         raise RequestFieldError(
-            "num_frames", f"--num-frames gives {frames} latent frames, more than this model's rotary table covers ({limit} "
-            f"positions per axis, its transformer's rope_max_seq_len): use --num-frames <= "
+            "num_frames", f"--num-frames gives {frames} latent frames, more than this model's rotary table covers "
+            f"({limit} positions per axis, its transformer's rope_max_seq_len): use --num-frames <= "
             f"{(limit * self.family.temporal_patch(self.transformer_config) - 1) * self.vae_temporal_factor + 1}.")
 
     def _check_cfg_degree(self, config: ParallelConfig, guidance_scale: float | None, extra: dict | None) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import base64
 import copy
 import dataclasses
-import hashlib
 import io
 import re
 import threading
@@ -179,7 +178,7 @@ class ServerState:
             raise BadRequest("n", f"n={n}: the layout has {s.config.data_parallel_degree} data-parallel groups "
                                   f"and needs at least that many images per request")
         video = dict(video or {})
-        image, _ = self._image(video.pop("image") if "image" in video else body.image)
+        image = self._image(video.pop("image") if "image" in video else body.image)
         given = self.given_request
         values = dict(prompt=body.prompt, negative_prompt=body.negative_prompt, seed=body.seed,
                       num_images_per_prompt=n, loras=self._loras(body), image=image,
@@ -225,14 +224,14 @@ class ServerState:
         return BadRequest(param, message if message.startswith(f"{param}:") else f"{param}: {message}")
 
     def _image(self, given: str | None):
-        """(the request's input image, base64 or a data: URL, as an RGB PIL image, the SHA-256 of its file) or
-        (None, None); a model that takes none, one it needs missing, or a file that is no image or too large: a 400
-        naming `image`."""
+        """The request's input image (base64 or a data: URL) as an RGB PIL image, or None (its SHA-256, which the
+        batch key holds, is ResolvedRequest.image_key); a model that takes none, one it needs missing, or a file that
+        is no image or too large: a 400 naming `image`."""
         what = self.info.pipeline_class
         if given is None:
             if self.info.needs_image:
                 raise BadRequest("image", f"image: this {what} edits an image: send the image to edit")
-            return None, None
+            return None
         if not self.info.takes_image:
             raise BadRequest("image", f"image: this {what} makes images from text alone and takes no image: "
                                       "drop `image` (or serve an image-edit model such as FLUX.1 Kontext)")
@@ -247,7 +246,7 @@ class ServerState:
             image = open_image(data, "image")
         except ConfigError as exc:
             raise BadRequest("image", str(exc)) from None
-        return image, hashlib.sha256(data).hexdigest()
+        return image
 
     @staticmethod
     def _cache_settings(body, default):
