@@ -123,7 +123,7 @@ def batch_key(request: ResolvedRequest, info, config: ParallelConfig) -> tuple:
            ("steps", request.num_inference_steps),
            ("guidance (guidance_scale; a negative prompt or none)",
             (request.guidance_scale, request.negative_prompt is None)),  # the guidance branches
-           ("step cache settings (--cache and its options)", request.cache),
+           ("their step cache settings (--cache and its options)", request.cache),
            ("the same LoRA adapters and weights (--lora)", request.loras),
            ("input image", request.image_key),  # one batch shares the image's token ids
            ("PipeFusion's --warmup-steps, --num-pipeline-patch and --no-kv-drift-correction",
