@@ -260,13 +260,6 @@ class GenerateRequest:
         """PipeFusion's patches on this layout: --num-pipeline-patch, else one per stage."""
         return self.num_pipeline_patch or config.pipefusion_parallel_degree
 
-    def with_defaults(self, defaults: RequestDefaults):
-        """request.fill_defaults(self, defaults), the one fill, for callers holding RequestDefaults only (the
-        planner's tests); everything else resolves through request.resolve_request."""
-        from .request import fill_defaults
-
-        return fill_defaults(self, defaults)
-
     def validate(self) -> None:
         """Range checks that need no model; each message names the flag and the fix, and each error the field
         (RequestFieldError.field: serve's 400 names it)."""
