@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 
 from . import __version__
 from .errors import ConfigError, RankFailedError
@@ -33,15 +32,15 @@ def build_parser() -> FlagParser:
 
 
 def requested(args):
-    """The request as generate's flags give it (the bundled model's prompt when none is given); unset values
-    stay None until check_before_launch fills them from the model."""
+    """The request as generate's flags give it (GenerateRequest's default prompt, the API's too, when none is
+    given); unset values stay None until check_before_launch resolves it (request.resolve_request)."""
     prompts = list(args.prompt or [])
     if args.prompt_file:
         prompts += read_prompt_file(args.prompt_file)
     if args.prompt is None and not args.prompt_file:
-        from .default_model import DEFAULT_PROMPT
+        from .config import GenerateRequest
 
-        prompts = [DEFAULT_PROMPT]
+        prompts = [GenerateRequest().prompt]
     return request_from_args(args, prompts)
 
 
@@ -55,13 +54,8 @@ def generate_plan(args):
     from .planner.auto import layout_from_flags
     from .prelaunch import check_before_launch
 
-    from .lora_files import with_second_expert
-
-    request = requested(args)
+    request = requested(args)  # --lora's and --lora-2's weights: the request's; their files: the engine's
     engine, prediction = layout_from_flags(args, engine_settings_from_args(args), request)
-    # --lora's (and --lora-2's) files load at start; the request switches them all on
-    loras, engine.loras, engine.lora_experts = with_second_expert(request.loras, getattr(args, "lora_2", None) or [])
-    request = replace(request, loras=loras)
     info, request = check_before_launch(engine, request)
     return engine, info, request, prediction
 
@@ -85,7 +79,7 @@ def check_request_cost(engine, info, request, force: bool = False) -> None:
     except ConfigError as exc:  # a field only the cost model reads (diffusers would take its class default)
         print(f"meshdit: warning: no memory or time estimate for this request: {exc}", file=sys.stderr)
         return
-    refused = None if force else refusal(cost, request, info.request_defaults())
+    refused = None if force else refusal(cost, request, info.request_defaults())  # the defaults: what it compares to
     if refused:
         raise ConfigError(refused)
     note = warning(cost, request, info.request_defaults())

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from contextlib import contextmanager
 
-from .errors import ConfigError
+from .errors import ConfigError, RequestFieldError
 from .cache_settings import CacheSettings
+from .default_model import DEFAULT_PROMPT
 from .flag_spec import flagged
 from .lora_files import MAX_LORA_WEIGHT, check_lora_weight, parse_lora_flag
 from .mesh_axes import AXES, MeshAxis, axis, degree_field, derived_group
@@ -116,11 +118,12 @@ class RequestDefaults:
 class GenerateRequest:
     """One generation: what to draw and how; each field carries its `meshdit generate` flag.
 
-    Unset (None) values take the model's defaults (Engine.generate, and the CLI, fill them the same way)."""
+    Unset (None) values take the model's defaults: request.resolve_request fills them, once, for the CLI, serve
+    and the API alike (a ResolvedRequest)."""
 
     prompt: str | list[str] = flagged(
-        "a red circle on a white background", flag="prompt", action="extend", nargs="+", metavar="TEXT",
-        cli_default=None,
+        DEFAULT_PROMPT, flag="prompt", action="extend", nargs="+", metavar="TEXT",
+        cli_default=None,  # cli.requested then takes this default: the API's and the CLI's prompt are one
         help="one or more prompts; repeatable: --prompt 'a' 'b' or --prompt 'a' --prompt 'b' "
              "(default: the bundled model's example prompt when neither --prompt nor --prompt-file is given)")
     negative_prompt: str | None = flagged(
@@ -146,6 +149,8 @@ class GenerateRequest:
              "layout (default: 0)")
     num_images_per_prompt: int = flagged(
         1, flag="num-images-per-prompt", type=int, metavar="K", help="images per prompt, >= 1 (default: 1)")
+    # PipeFusion's run-time settings are the request's, not the engine's: they re-cut the same stages into patches
+    # and choose how stale K/V is used, so they change between generations without reloading (request.py).
     warmup_steps: int = flagged(
         1, flag="warmup-steps", type=int, metavar="K",
         help=f"PipeFusion: leading steps run on the whole image without stale K/V (default: 1; "
@@ -172,15 +177,19 @@ class GenerateRequest:
              "pixels and 4096 x 4096 pixels in all, resized by the pipeline (default: none; FLUX.1 Kontext then "
              "draws from text alone)")
     cache: CacheSettings = field(default_factory=CacheSettings)
-    """Step caching (`--cache` and its options: meshdit/cache_settings.py); off by default."""
+    """Step caching (`--cache` and its options: meshdit/cache_settings.py); off by default. The request's: hooks
+    installed per generation (cache/run.py), so it changes between requests without reloading."""
     loras: tuple = flagged(
         (), flag="lora", action="append", type=parse_lora_flag, metavar="PATH[:WEIGHT]", cli_default=None,
         to_field=lambda given: tuple(given or ()),
         help="a LoRA adapter (diffusers' .safetensors file) and its weight (default 1.0); repeatable: the adapters "
              "add up (default: none; docs/lora.md)")
-    """((adapter name or file, weight), ...): the LoRA adapters this request runs with (the engine loaded them)."""
+    """((adapter name or file, weight), ...): the LoRA adapters this request runs with. The weights are the request's
+    (set_adapters switches them per request); the files are EngineSettings.loras' (loaded when the engine is built:
+    a new file would be a reload)."""
     extra: dict = field(default_factory=dict)
-    """Extra keyword arguments for the pipeline family's recipe (e.g. max_sequence_length)."""
+    """Extra keyword arguments for the pipeline family's recipe (e.g. max_sequence_length): per call, so the
+    request's."""
     sampler: str | None = None
     """None: the scheduler's own step; "flow-sde": Flow-GRPO's SDE step with per-step log-probs (flow-matching
     families; each image's noise from its own seed: docs/rl.md)."""
@@ -194,74 +203,85 @@ class GenerateRequest:
     def prompts(self) -> list[str]:
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
 
-    def pipefusion_settings(self, config: ParallelConfig) -> tuple:
-        """What PipeFusion does differently per request: requests in one batch must share it."""
-        return self.warmup_steps, self.patches(config), self.kv_drift_correction
-
     def patches(self, config: ParallelConfig) -> int:
         """PipeFusion's patches on this layout: --num-pipeline-patch, else one per stage."""
         return self.num_pipeline_patch or config.pipefusion_parallel_degree
 
-    def with_defaults(self, defaults: RequestDefaults) -> "GenerateRequest":
-        """A copy with every unset value taken from `defaults`."""
-        extra = dict(self.extra)
-        extra.setdefault("max_sequence_length", defaults.max_sequence_length)
-        return replace(
-            self, height=self.height if self.height is not None else defaults.height,
-            width=self.width if self.width is not None else defaults.width,
-            num_inference_steps=self.num_inference_steps if self.num_inference_steps is not None else defaults.steps,
-            guidance_scale=self.guidance_scale if self.guidance_scale is not None else
-            defaults.guidance_without_negative_prompt if self.negative_prompt is None and
-            defaults.guidance_without_negative_prompt is not None else defaults.guidance_scale,
-            # an image model's defaults have no frames: a --num-frames given to it stays, and is refused
-            num_frames=self.num_frames if self.num_frames is not None else defaults.num_frames,
-            fps=self.fps if self.fps is not None else defaults.fps,
-            extra=extra)
-
     def validate(self) -> None:
-        """Range checks that need no model; each message names the flag and the fix."""
-        _check_texts("--prompt", self.prompts, allow_empty=False)  # a blank prompt is taken, as diffusers encodes it
-        for entry in self.loras:
-            if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], str)
-                    and check_lora_weight(entry[1])):
-                raise ConfigError(f"--lora: each adapter is (name or file, weight), the weight a finite number in "
-                                  f"-{MAX_LORA_WEIGHT:g}..{MAX_LORA_WEIGHT:g} (larger ones overflow the image to "
-                                  f"NaN), got {entry!r}")
+        """Range checks that need no model; each message names the flag and the fix, and each error the field
+        (RequestFieldError.field: serve's 400 names it)."""
+        with field_errors("prompt"):
+            _check_texts("--prompt", self.prompts, allow_empty=False)  # a blank prompt is taken, as diffusers does
+        with field_errors("loras"):
+            for entry in self.loras:
+                if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], str)
+                        and check_lora_weight(entry[1])):
+                    raise ConfigError(f"--lora: each adapter is (name or file, weight), the weight a finite number "
+                                      f"in -{MAX_LORA_WEIGHT:g}..{MAX_LORA_WEIGHT:g} (larger ones overflow the image "
+                                      f"to NaN), got {entry!r}")
         if self.negative_prompt is not None:
-            _check_texts("--negative-prompt", [self.negative_prompt], allow_empty=True)
-        _check_int("--steps", self.num_inference_steps, 1, MAX_STEPS, "e.g. --steps 20")
+            with field_errors("negative_prompt"):
+                _check_texts("--negative-prompt", [self.negative_prompt], allow_empty=True)
+        with field_errors("num_inference_steps"):
+            _check_int("--steps", self.num_inference_steps, 1, MAX_STEPS, "e.g. --steps 20")
         for name in ("height", "width"):
-            _check_int(f"--{name}", getattr(self, name), 1, MAX_SIDE,
-                       f"image sides are 1..{MAX_SIDE} pixels, e.g. --{name} 1024")
-        _check_int("--num-frames", self.num_frames, 1, MAX_FRAMES, "e.g. --num-frames 81")
-        _check_int("--fps", self.fps, 1, None, "e.g. --fps 16")
-        _check_int("--seed", self.seed, 0, MAX_SEED, f"seeds are 0..2**64-1 ({MAX_SEED})", allow_none=False)
-        _check_int("--num-images-per-prompt", self.num_images_per_prompt, 1, None,
-                   "each prompt makes at least one image, e.g. --num-images-per-prompt 1", allow_none=False)
+            with field_errors(name):
+                _check_int(f"--{name}", getattr(self, name), 1, MAX_SIDE,
+                           f"image sides are 1..{MAX_SIDE} pixels, e.g. --{name} 1024")
+        with field_errors("num_frames"):
+            _check_int("--num-frames", self.num_frames, 1, MAX_FRAMES, "e.g. --num-frames 81")
+        with field_errors("fps"):
+            _check_int("--fps", self.fps, 1, None, "e.g. --fps 16")
+        with field_errors("seed"):
+            _check_int("--seed", self.seed, 0, MAX_SEED, f"seeds are 0..2**64-1 ({MAX_SEED})", allow_none=False)
+        with field_errors("num_images_per_prompt"):
+            _check_int("--num-images-per-prompt", self.num_images_per_prompt, 1, None,
+                       "each prompt makes at least one image, e.g. --num-images-per-prompt 1", allow_none=False)
         scale = self.guidance_scale
         if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
                                   or not math.isfinite(scale)):
-            raise ConfigError(f"--guidance-scale must be a finite number, got {scale!r} (inf or nan would write a "
-                              "NaN image or silently turn guidance off): use e.g. --guidance-scale 3.5.")
-        _check_int("--max-sequence-length", self.extra.get("max_sequence_length"), 1, MAX_TEXT_TOKENS,
-                   "e.g. --max-sequence-length 256")
-        for flag, value in (("--warmup-steps", self.warmup_steps), ("--num-pipeline-patch", self.num_pipeline_patch)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}: use {flag} 1 or more.")
-            _check_int(flag, value, 1, MAX_STEPS, f"e.g. {flag} 1")
-        if not isinstance(self.cache, CacheSettings):
-            raise ConfigError(f"cache must be a CacheSettings (meshdit.cache), got {self.cache!r}.")
-        self.cache.validate()
-        if self.sampler not in SAMPLERS:
-            raise ConfigError(f"sampler must be one of {SAMPLERS}, got {self.sampler!r}.")
-        if self.sampler is not None and (isinstance(self.noise_level, bool) or not isinstance(
-                self.noise_level, (int, float)) or not math.isfinite(self.noise_level) or self.noise_level <= 0):
-            raise ConfigError(f"noise_level must be a finite number > 0, got {self.noise_level!r}: e.g. 0.7.")
-        if self.return_trajectory is not False and (self.return_trajectory is not True or self.sampler is None):
-            raise ConfigError(f"return_trajectory={self.return_trajectory!r}: a trajectory is recorded by "
-                              "sampler='flow-sde' only; pass sampler='flow-sde' with return_trajectory=True.")
+            raise RequestFieldError(
+                "guidance_scale", f"--guidance-scale must be a finite number, got {scale!r} (inf or nan would write a "
+                "NaN image or silently turn guidance off): use e.g. --guidance-scale 3.5.")
+        with field_errors("extra"):
+            if not isinstance(self.extra, dict):
+                raise ConfigError(f"extra must be a dict of pipeline call arguments, got {self.extra!r}.")
+            _check_int("--max-sequence-length", self.extra.get("max_sequence_length"), 1, MAX_TEXT_TOKENS,
+                       "e.g. --max-sequence-length 256")
+        for flag, name in (("--warmup-steps", "warmup_steps"), ("--num-pipeline-patch", "num_pipeline_patch")):
+            value = getattr(self, name)
+            with field_errors(name):
+                if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                    raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}: use {flag} 1 or more.")
+                _check_int(flag, value, 1, MAX_STEPS, f"e.g. {flag} 1")
+        with field_errors("cache"):
+            if not isinstance(self.cache, CacheSettings):
+                raise ConfigError(f"cache must be a CacheSettings (meshdit.cache), got {self.cache!r}.")
+            self.cache.validate()
+        with field_errors("sampler"):
+            if self.sampler not in SAMPLERS:
+                raise ConfigError(f"sampler must be one of {SAMPLERS}, got {self.sampler!r}.")
+            if self.sampler is not None and (isinstance(self.noise_level, bool) or not isinstance(
+                    self.noise_level, (int, float)) or not math.isfinite(self.noise_level) or self.noise_level <= 0):
+                raise ConfigError(f"noise_level must be a finite number > 0, got {self.noise_level!r}: e.g. 0.7.")
+            if self.return_trajectory is not False and (self.return_trajectory is not True or self.sampler is None):
+                raise ConfigError(f"return_trajectory={self.return_trajectory!r}: a trajectory is recorded by "
+                                  "sampler='flow-sde' only; pass sampler='flow-sde' with return_trajectory=True.")
         if not isinstance(self.kv_drift_correction, bool):
-            raise ConfigError(f"kv_drift_correction must be True or False, got {self.kv_drift_correction!r}.")
+            raise RequestFieldError("kv_drift_correction", f"kv_drift_correction must be True or False, got "
+                                                           f"{self.kv_drift_correction!r}.")
+
+
+@contextmanager
+def field_errors(name: str):
+    """A ConfigError raised inside becomes a RequestFieldError naming the request's field `name` (kept if it
+    already names one)."""
+    try:
+        yield
+    except RequestFieldError:
+        raise
+    except ConfigError as exc:
+        raise RequestFieldError(name, str(exc)) from None
 
 
 def _check_int(flag: str, value, low: int, high: int | None, hint: str, allow_none: bool = True) -> None:

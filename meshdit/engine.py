@@ -21,6 +21,7 @@ from .models.info import ModelInfo
 from .combine.parallelize import parallelize
 from .phases import reached
 from .prompt_vocabulary import PromptVocabulary, UnknownWordsWarning
+from .request import ResolvedRequest, batch_refusal, resolve_request
 from .denoising.batching import concat_states
 from .rl.rollout import add_sample_seeds, attach_sampler, check_sampler
 from .rl.trajectory import Trajectory
@@ -113,10 +114,10 @@ class Engine:
             from .default_model import weights_path
 
             model = str(weights_path())
+        adapters, experts = adapters_for_experts(list(loras), list(loras_2))
         settings = EngineSettings(model, mesh.config if mesh is not None else ParallelConfig(),
                                   EngineSettings.dtype_name(torch_dtype), vae or VaeDecodeSettings(),
-                                  loading or LoadOptions(), fp8, verbose)
-        settings.loras, settings.lora_experts = adapters_for_experts(list(loras), list(loras_2))
+                                  loading or LoadOptions(), fp8, verbose, adapters, experts)
         return cls.from_settings(settings, mesh, device, show_progress or verbose)
 
     @classmethod
@@ -155,13 +156,22 @@ class Engine:
         """Where this rank runs the pipeline."""
         return self.mesh.device
 
-    def resolve(self, request: GenerateRequest) -> GenerateRequest:
-        """The request with unset values from this model's defaults (the same ones `meshdit generate` uses)."""
-        return request.with_defaults(self.info.request_defaults())
+    def resolve(self, request: GenerateRequest | str) -> ResolvedRequest:
+        """The request with unset values from this model's defaults: request.resolve_request, as `meshdit generate`
+        and serve resolve theirs."""
+        return resolve_request(_as_request(request), self.info)
 
-    def check(self, request: GenerateRequest) -> None:
-        """Raises ConfigError if this request cannot run on this layout (or at all)."""
-        self.info.check_request(self.mesh.config, request)
+    def check(self, request: GenerateRequest | ResolvedRequest, num_images: int | None = None) -> ResolvedRequest:
+        """The request resolved and checked against this model and layout, with the CLI's checks before launch
+        (the VAE config's too); ConfigError (RequestFieldError naming the field) if it cannot run."""
+        resolved = resolve_request(_as_request(request), self.info, self.mesh.config, num_images)
+        vae = getattr(self.pipe, "vae", None)
+        if vae is not None and (self.vae.parallel or self.vae.tiled):
+            from .vae.settings import check_vae_config
+
+            check_vae_config({**vae.config, "_class_name": type(vae).__name__}, self.vae, resolved.height,
+                             resolved.width)
+        return resolved
 
     @torch.inference_mode()
     def generate(self, request: GenerateRequest | str, output_type: str = "np", show_progress: bool = False,
@@ -181,26 +191,16 @@ class Engine:
         if output_type not in OUTPUT_TYPES:  # diffusers' "latent" would return the decoded pixels here
             raise ConfigError(f"output_type={output_type!r}: the engine returns decoded images, as one of "
                               f"{', '.join(map(repr, OUTPUT_TYPES))}; it does not keep latents (no 'latent')")
-        requests = [self.resolve(_as_request(r)) for r in requests]
+        requests = [self.resolve(r) for r in requests]
         self._warn_unknown_words([p for r in requests for p in r.prompts])
+        refused = batch_refusal(requests, self.info, self.mesh.config)
+        if refused:
+            raise ConfigError(refused)
         # The data-parallel split needs enough images in the whole batch, not in each request.
-        total = sum(len(r.prompts) * r.num_images_per_prompt for r in requests)
-        if len({r.cache for r in requests}) > 1:
-            raise ConfigError("requests in one batch must share their step cache settings (--cache and its "
-                              "options): generate them in separate batches")
-        if len({r.pipefusion_settings(self.mesh.config) for r in requests}) > 1:
-            raise ConfigError("requests in one batch must share PipeFusion's --warmup-steps, --num-pipeline-patch "
-                              "and --no-kv-drift-correction")
-        loras = {self._adapters_of(r) for r in requests}
-        if len(loras) > 1:
-            raise ConfigError("requests in one batch must use the same LoRA adapters and weights (--lora)")
-        if len(requests) > 1 and self.info.draws_noise_each_step:
-            raise ConfigError(f"this model's {self.info.scheduler_class} draws noise from each request's generator in "
-                              "every step, so requests cannot share a batch: generate them one at a time")
-        for request in requests:
-            self.info.check_request(self.mesh.config, request, num_images=total)
+        total = sum(r.num_images for r in requests)
+        requests = [self.check(r, num_images=total) for r in requests]
         check_sampler(requests, self.info.scheduler_class, self.recipe, self.mesh.config)
-        self._use_adapters(loras.pop())
+        self._use_adapters(self._adapters_of(requests[0]))
         parallel, seconds, start = self._parallel, {}, time.perf_counter()
         states, counts = self._prepare(requests)
         state = parallel.share(self.recipe, concat_states(self.recipe, states))
@@ -313,7 +313,8 @@ class Engine:
                                       self.info.family.plan().stages, adapter)
 
     def _load_adapters(self, fp8) -> None:
-        from .loading.lora import (FIRST_EXPERT, check_linears_not_quantized, check_pipeline_takes_lora, load_adapter,
+        from .lora_files import check_pipeline_takes_lora
+        from .loading.lora import (FIRST_EXPERT, check_linears_not_quantized, load_adapter,
                                    remove_adapters)
 
         check_lora_layout(True, self.mesh.config)
@@ -384,11 +385,11 @@ class Engine:
             self._parallel = None
 
 
-def _as_request(request) -> GenerateRequest:
-    """A GenerateRequest, or a prompt (str) with every other value the model's default."""
+def _as_request(request) -> GenerateRequest | ResolvedRequest:
+    """A GenerateRequest (or one resolved already), or a prompt (str) with every other value the model's default."""
     if isinstance(request, str):
         return GenerateRequest(prompt=request)
-    if not isinstance(request, GenerateRequest):
+    if not isinstance(request, (GenerateRequest, ResolvedRequest)):
         raise ConfigError(f"Engine.generate takes a GenerateRequest or a prompt (str), got {type(request).__name__}: "
                           "e.g. engine.generate(GenerateRequest(prompt='a red circle', num_inference_steps=20)).")
     return request

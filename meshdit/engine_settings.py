@@ -2,7 +2,7 @@
 
 `meshdit generate` (runner.GenerateJob), `meshdit serve` (serve.server_state.ServeSettings) and the Python API
 (Engine.from_pretrained) all hold one, and `rank.start_rank` / `Engine.from_settings` turn it into an engine:
-a new engine setting (a cache, LoRA) is a field here, its flag on the field's settings dataclass, and its use in
+a new engine setting (FP8, LoRA files) is a field here, its flag on the field's settings dataclass, and its use in
 `Engine.from_settings`. No torch here: the CLI builds and checks it before any rank starts.
 """
 from __future__ import annotations
@@ -34,8 +34,10 @@ class EngineSettings:
     verbose: bool = False
     """Library logs and loading progress bars."""
     loras: tuple[tuple[str, str], ...] = ()
-    """LoRA adapters every rank loads when the engine is built, (name, file): generate's --lora files, serve's
-    --lora-dir; requests choose among them (GenerateRequest.loras)."""
+    """LoRA adapters every rank loads when the engine is built, (name, file): generate's --lora / --lora-2 files,
+    serve's --lora-dir / --lora-2-dir (lora_files.lora_from_args, when these settings are built). The engine's, since
+    loading one is a reload (under PipeFusion, of each stage's share); requests choose among them and set their
+    weights (GenerateRequest.loras)."""
     lora_experts: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """(name, denoisers) for the adapters of `loras` that load elsewhere than into `transformer` alone: generate's
     --lora-2 files go into Wan 2.2's second expert, ("transformer_2",), or both when also given to --lora."""

@@ -151,9 +151,12 @@ def engine_settings_from_args(args) -> EngineSettings:
     from .loading.options import LoadOptions
     from .quant.settings import Fp8Config
 
+    from .lora_files import lora_from_args
+
     config, vae = layout_from_args(args)
+    _, loras, lora_experts = lora_from_args(args)  # generate's --lora / --lora-2 files (serve: --lora-dir's, later)
     return EngineSettings(model_from_args(args), config, args.dtype, vae, settings_from_args(LoadOptions, args),
-                          settings_from_args(Fp8Config, args), args.verbose)
+                          settings_from_args(Fp8Config, args), args.verbose, loras, lora_experts)
 
 
 def add_request_flags(parser, skip: tuple[str, ...] = (),
@@ -239,7 +242,11 @@ def request_from_args(args, prompts: list[str]) -> GenerateRequest:
             given = getattr(args, side, None)
             if given is not None and given != value:
                 raise ConfigError(f"--size {args.size} says {side} {value} but --{side} {given}: give one of them.")
-    return settings_from_args(GenerateRequest, args, prompt=prompts, extra=extra, cache=cache_from_args(args), **size)
+    from .lora_files import lora_from_args
+
+    loras = lora_from_args(args)[0]  # every adapter of --lora and --lora-2 once, at its weight
+    return settings_from_args(GenerateRequest, args, prompt=prompts, extra=extra, cache=cache_from_args(args),
+                              loras=loras, **size)
 
 
 def parse_size(text: str) -> tuple[int, int]:

@@ -96,11 +96,11 @@ def adapter_name(path: str) -> str:
     return os.path.basename(path).removesuffix(SUFFIX)
 
 
-def adapters_in_dir(folder: str) -> dict[str, str]:
+def adapters_in_dir(folder: str, flag: str = "--lora-dir") -> dict[str, str]:
     """--lora-dir: name -> path of every *.safetensors file in `folder` and of every folder in it that diffusers'
     save_lora_weights wrote (holding pytorch_lora_weights.safetensors), sorted by name."""
     if not os.path.isdir(folder):
-        raise ConfigError(f"--lora-dir {folder!r} is not a folder; give a folder of *.safetensors LoRA files")
+        raise ConfigError(f"{flag} {folder!r} is not a folder; give a folder of *.safetensors LoRA files")
     found = {}
     for entry in sorted(os.listdir(folder)):
         path = os.path.join(folder, entry)
@@ -109,10 +109,10 @@ def adapters_in_dir(folder: str) -> dict[str, str]:
         elif os.path.isdir(path) and os.path.isfile(os.path.join(path, DIFFUSERS_WEIGHT_NAME)):
             found[adapter_name(entry)] = os.path.join(path, DIFFUSERS_WEIGHT_NAME)
         elif entry.endswith(SUFFIX):  # e.g. a folder named x.safetensors that diffusers did not write
-            print(f"meshdit: warning: --lora-dir {folder!r}: skipping {entry!r}, which is not a LoRA file",
+            print(f"meshdit: warning: {flag} {folder!r}: skipping {entry!r}, which is not a LoRA file",
                   file=sys.stderr)
     if not found:
-        raise ConfigError(f"--lora-dir {folder!r} holds no *.safetensors LoRA file nor a folder diffusers' "
+        raise ConfigError(f"{flag} {folder!r} holds no *.safetensors LoRA file nor a folder diffusers' "
                           f"save_lora_weights wrote ({DIFFUSERS_WEIGHT_NAME})")
     return dict(sorted(found.items()))
 
@@ -197,11 +197,40 @@ def model_linear_shapes(model: str, component: str = "transformer") -> dict[str,
         return None  # the model's own loading reports its files
 
 
-def check_pipeline_takes_lora(pipeline_class: str, flag: str = "--lora") -> None:
-    """Before ranks start: a family without diffusers' LoRA loader is refused (the engine checks diffusers too)."""
-    if pipeline_class in PIPELINES_WITHOUT_LORA_LOADER:
-        raise ConfigError(f"{flag}: diffusers has no LoRA loader for {pipeline_class}; drop {flag} for this model "
+def check_pipeline_takes_lora(pipeline, flag: str = "--lora") -> None:
+    """A pipeline without diffusers' LoRA loader (PixArt, HunyuanDiT, ...) is refused, naming it. `pipeline`: its
+    class name before ranks start (PIPELINES_WITHOUT_LORA_LOADER), or the loaded pipeline (the engine: diffusers'
+    own load_lora_weights and set_adapters, for a pipeline given directly)."""
+    name = pipeline if isinstance(pipeline, str) else type(pipeline).__name__
+    loaded = not isinstance(pipeline, str)
+    if name in PIPELINES_WITHOUT_LORA_LOADER or (
+            loaded and not (hasattr(pipeline, "load_lora_weights") and hasattr(pipeline, "set_adapters"))):
+        raise ConfigError(f"{flag}: diffusers has no LoRA loader for {name}; drop {flag} / --lora-dir for this model "
                           "(docs/lora.md lists the families that take one)")
+
+
+def lora_from_args(args) -> tuple[tuple, tuple, tuple]:
+    """generate's --lora and --lora-2 flags -> (the request's (path, weight) pairs, the EngineSettings' loras and
+    lora_experts): the adapter files are the engine's (loaded when it is built), their weights the request's
+    (switched per request without reloading). Each file read as with_second_expert reads it."""
+    if getattr(args, "lora_dir", None) or getattr(args, "lora_2_dir", None):  # serve: requests pick by name
+        return ((),) + adapters_in_dirs(args.lora_dir, args.lora_2_dir)
+    return with_second_expert(tuple(getattr(args, "lora", None) or ()), list(getattr(args, "lora_2", None) or ()))
+
+
+def adapters_in_dirs(first: str | None, second: str | None) -> tuple[tuple, tuple]:
+    """serve's --lora-dir (the first denoiser) and --lora-2-dir (Wan 2.2's second expert) -> the EngineSettings'
+    (loras, lora_experts). A name in both folders must be the same file (one adapter loaded into both experts)."""
+    named = {"transformer": adapters_in_dir(first) if first else {},
+             "transformer_2": adapters_in_dir(second, "--lora-2-dir") if second else {}}
+    for name, path in named["transformer_2"].items():
+        other = named["transformer"].get(name)
+        if other is not None and os.path.realpath(other) != os.path.realpath(path):
+            raise ConfigError(f"--lora-dir and --lora-2-dir both hold an adapter named {name!r} ({other!r}, {path!r}): "
+                              "a name is one adapter; rename one file, or give both folders the same file")
+    loras = dict(named["transformer"], **named["transformer_2"])
+    into = {name: tuple(e for e, held in named.items() if name in held) for name in loras}
+    return tuple(sorted(loras.items())), tuple((n, e) for n, e in sorted(into.items()) if e != ("transformer",))
 
 
 def check_adapter_file(path: str, model: str | None = None, flag: str = "--lora",

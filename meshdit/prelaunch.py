@@ -12,13 +12,14 @@ from .errors import ConfigError
 
 
 def check_before_launch(engine: EngineSettings, request: GenerateRequest, num_images: int | None = None,
-                        image_per_request: bool = False) -> tuple["ModelInfo", GenerateRequest]:  # noqa: F821
-    """Raises ConfigError naming the flag and the fix. Returns the model's info and the request with every unset
-    value from the model's defaults (ModelInfo.request_defaults: what Engine.generate fills for API users).
+                        image_per_request: bool = False) -> tuple["ModelInfo", "ResolvedRequest"]:  # noqa: F821
+    """Raises ConfigError naming the flag and the fix. Returns the model's info and the request resolved
+    (request.resolve_request: every unset value from the model's defaults, as Engine.generate resolves API users').
     num_images: the images of the batch the request runs in (serve: its smallest allowed batch); image_per_request:
     serve, whose requests bring their own input image."""
     from .distributed.launch import check_torchrun_world
     from .models.info import ModelInfo
+    from .request import resolve_request
     from .lora_files import check_adapter_file, check_pipeline_takes_lora
     from .vae.settings import check_vae_of_model
 
@@ -41,8 +42,7 @@ def check_before_launch(engine: EngineSettings, request: GenerateRequest, num_im
                 raise ConfigError(f"{flag} {path!r}: this {info.pipeline_class} has no second expert ({component}); "
                                   "only Wan 2.2's two-expert models have one: use --lora")
             check_adapter_file(path, engine.model, flag, component)
-    request = request.with_defaults(info.request_defaults())
-    info.check_request(config, request, num_images, image_per_request)
+    request = resolve_request(request, info, config, num_images, image_per_request)
     check_vae_of_model(engine.model, engine.vae, request.height, request.width)
     check_torchrun_world(config.world_size)
     return info, request

@@ -107,8 +107,10 @@ def estimate(engine, info, request: GenerateRequest, device_type: str | None = N
 
     planned_on_cpu = os.environ.get("MESHDIT_PLAN_DEVICE") == "cpu"  # as --layout auto plans (planner/auto.py)
     device_type = device_type or ("cuda" if not planned_on_cpu and gpu_visible() else "cpu")
+    from .request import resolve_request
+
     defaults = info.request_defaults()
-    request = request.with_defaults(defaults)
+    request = resolve_request(request, info)  # as given, when the CLI resolved it
     costs = costs_of(engine.model, info)
     world = machine(device_type, engine.config.world_size, engine.dtype)
     layout = layout_of(engine)

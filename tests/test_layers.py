@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("errors", "lazy", "logs", "flag_spec", "memory", "output", "preflight", "prompt_vocabulary",
                     "input_image", "default_model", "phases")),
     ("settings", ("config", "config_files", "lora_files", "flags", "models.registry", "models.info", "vae.settings",
-                  "quant.settings", "loading.options", "engine_settings",
+                  "quant.settings", "loading.options", "engine_settings", "request",
                   "request_cost", "cache_settings", "planner", "models.record", "models.records", "mesh_axes")),
     ("distributed", ("distributed", "rank_errors")),
     ("quant", ("quant",)),

@@ -11,16 +11,16 @@ from .recipe import DenoiseState, Recipe
 
 
 def concat_states(recipe: Recipe, states: list[DenoiseState]) -> DenoiseState:
-    """States with the same size, steps and guidance -> one state, batch dims concatenated in order."""
+    """States of requests that may share a batch (equal request.batch_key: the one place that decides) -> one state,
+    batch dims concatenated in order; states that still cannot be joined raise ValueError."""
     if len(states) == 1:
         return states[0]
     first = states[0]
     for other in states[1:]:
-        if (other.height, other.width, other.guidance_scale) != (first.height, first.width, first.guidance_scale) \
-                or other.latents.shape[1:] != first.latents.shape[1:] \
-                or not torch.equal(other.timesteps, first.timesteps) or other.branch_names != first.branch_names:
-            raise ValueError("only requests with the same size (and frames), steps, guidance and branches can share "
-                             "a batch")
+        if other.latents.shape[1:] != first.latents.shape[1:] or not torch.equal(other.timesteps, first.timesteps) \
+                or other.branch_names != first.branch_names:
+            raise ValueError("these requests' latents, timesteps or guidance branches differ: they cannot share a "
+                             "batch (request.batch_key)")
 
     def join(values: list, key: str = ""):
         head = values[0]

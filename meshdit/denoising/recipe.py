@@ -62,9 +62,12 @@ class Recipe:
         """The family's preparation of `r`, a request with every default filled in."""
         raise NotImplementedError
 
-    def settings(self, request: GenerateRequest) -> GenerateRequest:
-        """The request with the model's defaults filling what it leaves out (size, steps, guidance, text length)."""
-        return request.with_defaults(self.defaults)
+    def settings(self, request) -> "ResolvedRequest":  # noqa: F821
+        """The request as resolved (Engine.generate_many passes ResolvedRequests: request.resolve_request); a
+        GenerateRequest given directly gets the model's defaults from the same request.fill_defaults."""
+        from ..request import ResolvedRequest, fill_defaults
+
+        return request if isinstance(request, ResolvedRequest) else fill_defaults(request, self.defaults)
 
     # -- one step ----------------------------------------------------------
     def model_inputs(self, state: DenoiseState, latents: torch.Tensor, t: torch.Tensor, branch: str) -> dict:

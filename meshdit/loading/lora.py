@@ -11,17 +11,10 @@ import warnings
 from typing import Callable
 
 from ..errors import ConfigError
-from ..lora_files import PEFT_KEY_PARTS
+from ..lora_files import PEFT_KEY_PARTS, check_pipeline_takes_lora  # noqa: F401 - the engine's check
 
 TRANSFORMER_PREFIX = "transformer."
 FIRST_EXPERT, SECOND_EXPERT = "transformer", "transformer_2"  # Wan 2.2: high-noise, low-noise expert
-
-
-def check_pipeline_takes_lora(pipe) -> None:
-    """A pipeline class without diffusers' LoRA loader (PixArt, HunyuanDiT, ...) is refused, naming it."""
-    if not hasattr(pipe, "load_lora_weights") or not hasattr(pipe, "set_adapters"):
-        raise ConfigError(f"--lora: diffusers {diffusers_version()} has no LoRA loader for {type(pipe).__name__}; "
-                          "drop --lora / --lora-dir for this model (docs/lora.md lists the families that take one)")
 
 
 def check_linears_not_quantized(pipe) -> None:

@@ -5,9 +5,9 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from ..config import GenerateRequest, ParallelConfig, RequestDefaults
+from ..config import GenerateRequest, ParallelConfig, RequestDefaults, field_errors
 from ..config_files import Field, check_fields, config_path, read_json
-from ..errors import ConfigError
+from ..errors import ConfigError, RequestFieldError
 from ..input_image import open_image
 from .registry import ModelFamily, family_for_pipeline, tensor_parallel_families
 
@@ -183,35 +183,44 @@ class ModelInfo:
         return recipe(pipe, self.request_defaults(), self.family.packed,
                       self.family.pixel_multiple(self.transformer_config, self.vae_scale_factor))
 
-    def check_request(self, config: ParallelConfig, request: GenerateRequest, num_images: int | None = None,
+    def check_request(self, config: ParallelConfig, request, num_images: int | None = None,
                       image_per_request: bool = False) -> None:
-        """Everything about a request that can be checked before weights load; unset values take the defaults.
-        num_images: images of the whole batch the request runs in (default: the request's own). image_per_request:
-        `request` is serve's defaults, and each HTTP request brings its own input image (checked then)."""
-        request = request.with_defaults(self.request_defaults())
-        request.validate()
+        """Everything about a resolved request (request.resolve_request calls this) that can be checked before
+        weights load; each refusal a RequestFieldError naming the request's field (ConfigError where the model or
+        layout alone is at fault). num_images: images of the whole batch the request runs in (default: the
+        request's own). image_per_request: `request` is serve's defaults, and each HTTP request brings its own
+        input image (checked then). A GenerateRequest given here is resolved first (by resolve_request, which
+        calls this)."""
+        from ..request import ResolvedRequest, resolve_request
+
+        if not isinstance(request, ResolvedRequest):
+            resolve_request(request, self, config, num_images, image_per_request)
+            return
         limit = self.family.text.limit
         tokens = request.extra["max_sequence_length"]
         fixed = self.family.fixed_text_length(self.transformer_config)
-        if fixed is not None and tokens != fixed:
-            raise ConfigError(f"this {self.pipeline_class} takes exactly {fixed} text tokens (its transformer's fixed "
-                              f"text length), not {tokens}: drop --max-sequence-length.")
-        if limit is not None and tokens > limit:
-            raise ConfigError(f"--max-sequence-length {tokens} exceeds what this {self.pipeline_class}'s text encoder "
-                              f"takes ({limit} tokens): use --max-sequence-length <= {limit}.")
-        self.check_call_arguments(request)
-        self.check_layer_guidance(config, request)
+        with field_errors("extra"):
+            if fixed is not None and tokens != fixed:
+                raise ConfigError(f"this {self.pipeline_class} takes exactly {fixed} text tokens (its transformer's "
+                                  f"fixed text length), not {tokens}: drop --max-sequence-length.")
+            if limit is not None and tokens > limit:
+                raise ConfigError(f"--max-sequence-length {tokens} exceeds what this {self.pipeline_class}'s text "
+                                  f"encoder takes ({limit} tokens): use --max-sequence-length <= {limit}.")
+            self.check_call_arguments(request)
+            self.check_layer_guidance(config, request)
         self.check_frames_and_image(request, image_per_request)
-        self.check_cache(config, request)
+        with field_errors("cache"):
+            self.check_cache(config, request)
         if self.pipeline_class in self.family.images.tokens_after_grid_pipelines and \
                 config.pipefusion_parallel_degree > 1 and request.warmup_steps < request.num_inference_steps:
-            raise ConfigError(
+            raise RequestFieldError(
+                "warmup_steps",
                 f"this {self.pipeline_class} appends the input image's tokens to the image stream after the latent "
                 "grid, which PipeFusion's patches (rows of the grid) cannot cut: run every step whole with "
                 f"--warmup-steps {request.num_inference_steps} (>= --steps), or drop --pipefusion-parallel-degree.")
         self.check(config, request.height, request.width, request.guidance_scale,
                    num_images or len(request.prompts) * request.num_images_per_prompt, request.patches(config),
-                   request.num_frames, request.extra)
+                   request.num_frames, request.extra, patches_given=request.num_pipeline_patch is not None)
 
     def check_call_arguments(self, request: GenerateRequest) -> None:
         """request.extra holds max_sequence_length and the family's call_arguments only: any other key would
@@ -258,7 +267,8 @@ class ModelInfo:
         if not self.is_video:
             for flag, value in (("--num-frames", request.num_frames), ("--fps", request.fps)):
                 if value is not None:
-                    raise ConfigError(f"{flag} is for video models, but this {what} makes images: drop {flag}.")
+                    raise RequestFieldError(flag.removeprefix("--").replace("-", "_"),
+                                            f"{flag} is for video models, but this {what} makes images: drop {flag}.")
             self._check_image(request, image_per_request, need="edits an image: pass the image to edit",
                               refusal="makes images from text alone")
             return
@@ -266,18 +276,20 @@ class ModelInfo:
         frames = request.num_frames
         if (frames - 1) % factor and not (self.family.video.frames_in_latent_pairs and frames % (2 * factor) == 0):
             lower = max(1, (frames - 1) // factor * factor + 1)
-            raise ConfigError(f"--num-frames {frames} cannot be encoded by this model's VAE, which compresses "
-                              f"{factor} frames into one after the first: use k * {factor} + 1 frames"
-                              + (f" or a multiple of {2 * factor} (latent frames in pairs)"
-                                 if self.family.video.frames_in_latent_pairs else "")
-                              + f", e.g. --num-frames {lower} or {lower + factor}.")
+            raise RequestFieldError("num_frames",
+                                    f"--num-frames {frames} cannot be encoded by this model's VAE, which compresses "
+                                    f"{factor} frames into one after the first: use k * {factor} + 1 frames"
+                                    + (f" or a multiple of {2 * factor} (latent frames in pairs)"
+                                       if self.family.video.frames_in_latent_pairs else "")
+                                    + f", e.g. --num-frames {lower} or {lower + factor}.")
         patch = self.family.temporal_patch(self.transformer_config)
         latent = (frames - 1) // factor + 1
         if latent % patch:  # the pipeline's packing reshapes the latent frames into patches of `patch`
             low = max(patch, latent // patch * patch)
-            raise ConfigError(f"--num-frames {frames} gives {latent} latent frames, which this model's temporal "
-                              f"patch of {patch} frames cannot cut: use --num-frames {(low - 1) * factor + 1} or "
-                              f"{(low + patch - 1) * factor + 1}.")
+            raise RequestFieldError("num_frames",
+                                    f"--num-frames {frames} gives {latent} latent frames, which this model's temporal "
+                                    f"patch of {patch} frames cannot cut: use --num-frames {(low - 1) * factor + 1} or "
+                                    f"{(low + patch - 1) * factor + 1}.")
         self._check_image(request, image_per_request, need="animates an image: pass its first frame",
                           refusal="makes videos from text alone")
 
@@ -296,6 +308,10 @@ class ModelInfo:
     def _check_image(self, request: GenerateRequest, image_per_request: bool, need: str, refusal: str) -> None:
         """--image against the pipeline: one it needs must be given, one it cannot take is refused, and the file
         must open as an image of a sane size (input_image.open_image)."""
+        with field_errors("image"):
+            self._check_image_given(request, image_per_request, need, refusal)
+
+    def _check_image_given(self, request, image_per_request: bool, need: str, refusal: str) -> None:
         what = self.pipeline_class
         if self.needs_image and request.image is None and not image_per_request:
             raise ConfigError(f"this {what} {need} with --image PATH.")
@@ -332,12 +348,15 @@ class ModelInfo:
 
     def check(self, config: ParallelConfig, height: int, width: int, guidance_scale: float | None = None,
               num_images: int = 1, patches: int | None = None, num_frames: int | None = None,
-              extra: dict | None = None) -> None:
-        """Refuses a layout, resolution or request this model cannot run, saying what to change.
-        extra: the request's --extra values (a layer-guidance argument adds a guidance branch)."""
-        self._check_cfg_degree(config, guidance_scale, extra)
+              extra: dict | None = None, patches_given: bool = False) -> None:
+        """Refuses a layout, resolution or request this model cannot run, saying what to change; a request's value
+        at fault raises RequestFieldError naming its field (the size: "height").
+        extra: the request's --extra values (a layer-guidance argument adds a guidance branch); patches_given: the
+        request set num_pipeline_patch (then a patch refusal names it, else the size)."""
+        with field_errors("guidance_scale"):
+            self._check_cfg_degree(config, guidance_scale, extra)
         if num_images < config.data_parallel_degree:
-            raise ConfigError(
+            raise RequestFieldError("num_images_per_prompt", 
                 f"data-parallel degree {config.data_parallel_degree} needs at least as many images, but the request "
                 f"makes {num_images}: add prompts (--prompt again, or --prompt-file), raise "
                 f"--num-images-per-prompt, or use --data-parallel-degree <= {num_images}.")
@@ -348,6 +367,11 @@ class ModelInfo:
                 "Drop --data-parallel-degree (give the ranks to --ulysses-degree, --ring-degree or "
                 "--cfg-degree), or run one image per command.")
         self.check_layout(config)
+        with field_errors("height"):
+            self._check_size(config, height, width, patches, num_frames, patches_given)
+
+    def _check_size(self, config: ParallelConfig, height: int, width: int, patches: int | None,
+                    num_frames: int | None, patches_given: bool) -> None:
         multiple = self.family.pixel_multiple(self.transformer_config, self.vae_scale_factor)
         for name, value in (("height", height), ("width", width)):
             if value <= 0 or value % multiple:
@@ -368,8 +392,9 @@ class ModelInfo:
                 f"sequence-parallel ranks ({self.pipeline_class} splits the image by whole rows): use --height >= "
                 f"{config.sp_degree * multiple} or lower --ulysses-degree / --ring-degree.")
         # a video's token rows run through every frame (frames x height rows of width tokens; recipe.token_grid)
-        self._check_pipefusion(config, patches or config.pipefusion_parallel_degree, frames * (height // multiple),
-                               width // multiple)
+        with field_errors("num_pipeline_patch" if patches_given else "height"):
+            self._check_pipefusion(config, patches or config.pipefusion_parallel_degree,
+                                   frames * (height // multiple), width // multiple)
         max_patches = self.transformer_config.get("pos_embed_max_size")
         if max_patches and max(height, width) // multiple > max_patches:
             raise ConfigError(
@@ -401,9 +426,9 @@ class ModelInfo:
                 f"{rows * multiple}x{cols * multiple} gives {rows} x {cols} tokens, more per side than this model's "
                 f"rotary table covers ({limit} positions per axis, its transformer's rope_max_seq_len): use "
                 f"--height and --width <= {limit * multiple}.")
-        raise ConfigError(
-            f"--num-frames gives {frames} latent frames, more than this model's rotary table covers ({limit} "
-            f"positions per axis, its transformer's rope_max_seq_len): use --num-frames <= "
+        raise RequestFieldError(
+            "num_frames", f"--num-frames gives {frames} latent frames, more than this model's rotary table covers "
+            f"({limit} positions per axis, its transformer's rope_max_seq_len): use --num-frames <= "
             f"{(limit * self.family.temporal_patch(self.transformer_config) - 1) * self.vae_temporal_factor + 1}.")
 
     def _check_cfg_degree(self, config: ParallelConfig, guidance_scale: float | None, extra: dict | None) -> None:

@@ -278,8 +278,10 @@ def measure_engine(figures: dict) -> dict:
 
     folder = str(weights_path())
     _, info, costs = load_model(folder)
-    requests = [GenerateRequest(prompt="a red circle", height=64, width=64, num_inference_steps=steps,
-                                guidance_scale=1.0, seed=0, warmup_steps=1).with_defaults(info.request_defaults())
+    from ..request import resolve_request
+
+    requests = [resolve_request(GenerateRequest(prompt="a red circle", height=64, width=64, num_inference_steps=steps,
+                                                guidance_scale=1.0, seed=0, warmup_steps=1), info)
                 for steps in (1, 1 + LONG_STEPS)]
 
     def timings(method_axis: MeshAxis | None, ranks: int) -> tuple[float, float, float | None, Layout]:

@@ -47,8 +47,10 @@ def make_plan(info: ModelInfo, costs: ModelCosts, request: GenerateRequest, worl
               fp8_options: bool = True, exact_only: bool = False, fixed: dict[str, int] | None = None) -> Plan:
     """request: unset values are filled from the model's defaults. exact_only: only layouts that give serial's
     image. fixed: {axis: degree} every layout keeps (the degrees a user gave beside --layout auto)."""
-    request = request.with_defaults(info.request_defaults())
-    info.check_request(ParallelConfig(), request)  # what no layout can fix (size, frames) is refused as generate does
+    from ..request import resolve_request
+
+    # what no layout can fix (size, frames) is refused as generate does
+    request = resolve_request(request, info, ParallelConfig())
     layouts = legal_layouts(info, request, world.size, fp8_options=fp8_options, parallel_vae=costs.vae_splits)
     if fixed:
         layouts = [layout for layout in layouts if all(layout.degree(a) == d for a, d in fixed.items())]

@@ -13,10 +13,8 @@ FLOW_SCHEDULERS = ("FlowMatchEulerDiscreteScheduler",)
 
 
 def check_sampler(requests: list, scheduler_class: str, recipe: Recipe, config) -> None:
-    """ConfigError unless the requests can run flow-sde together on this model and layout."""
-    if len({(r.sampler, r.noise_level if r.sampler else None, r.return_trajectory) for r in requests}) > 1:
-        raise ConfigError("requests in one batch must share sampler, noise_level and return_trajectory: generate "
-                          "them in separate batches")
+    """ConfigError unless the requests (which share a batch: request.batch_key) can run flow-sde on this model and
+    layout."""
     request = requests[0]
     if request.sampler is None:
         return

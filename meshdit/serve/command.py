@@ -23,7 +23,7 @@ GENERATE_ONLY = {
     "image": "per request: the request's `image` (base64 in JSON, or a multipart/form-data upload)",
     "lora": "per request: the request's `loras`, among the adapters of --lora-dir",
     "force": "generate's override of its memory refusal; serve refuses a request it cannot price by its limits",
-    "lora_2": "Wan 2.2's second-expert adapters: --lora-dir loads into the first expert only",
+    "lora_2": "per request: the request's `loras_2`, among the adapters of --lora-2-dir",
 }
 LOOPBACK_NAMES = ("localhost",)
 
@@ -56,6 +56,10 @@ def add_serve_parser(commands) -> argparse.ArgumentParser:
     group.add_argument("--lora-dir", default=None, metavar="DIR",
                        help="LoRA adapters every rank loads at start: each *.safetensors file in DIR, named by its "
                             "file stem; requests choose them by name in `loras` (default: none; docs/lora.md)")
+    group.add_argument("--lora-2-dir", default=None, metavar="DIR",
+                       help="Wan 2.2 A14B: LoRA adapters for the second (low-noise) expert, transformer_2, as "
+                            "--lora-dir's; requests choose them in `loras_2`; a file in both folders loads into both "
+                            "experts (default: none; docs/lora.md)")
     add_limit_flags(serve)  # body size, result store, drain grace (serve/limits.py)
     ray = serve.add_argument_group("replicas on Ray Serve (pip install meshdit[ray]; docs/serving.md)")
     ray.add_argument("--ray", action="store_true",
@@ -94,13 +98,10 @@ def serve_settings(args, check_port: bool = False):
     engine, prediction = layout_from_flags(args, engine_settings_from_args(args), request)
     if prediction is not None:
         print(f"meshdit serve: {describe_choice(engine, prediction)}")
-    if args.lora_dir is not None:
-        from ..lora_files import adapters_in_dir
-
-        engine.loras = tuple(adapters_in_dir(args.lora_dir).items())  # checked with the model just below
-    # The smallest batch a request may make: one image per data-parallel group.
-    info, request = check_before_launch(engine, request, num_images=max(engine.config.data_parallel_degree, 1),
-                                        image_per_request=True)
+    # The smallest batch a request may make: one image per data-parallel group. Each request is resolved from
+    # `request` (the flags' values, unset ones unset) in ServerState.make_job, as generate resolves its own.
+    info, defaults = check_before_launch(engine, request, num_images=max(engine.config.data_parallel_degree, 1),
+                                         image_per_request=True)
     if info.is_video and engine.config.data_parallel_degree > 1:
         raise ConfigError(f"--data-parallel-degree {engine.config.data_parallel_degree}: each video request makes one "
                           "video, and data parallelism needs one per group in every request: give the ranks to "
@@ -110,7 +111,8 @@ def serve_settings(args, check_port: bool = False):
     from .server_state import ServeSettings  # numpy and the server's modules: only once every check passed
 
     return ServeSettings(
-        engine=engine, request=request, host=args.host, port=args.port, api_key=api_key, max_queue=args.max_queue,
+        engine=engine, request=defaults, flags=request, host=args.host, port=args.port, api_key=api_key,
+        max_queue=args.max_queue,
         batching=not args.no_batching, max_batch_images=args.max_batch_images, max_images=args.max_images,
         request_timeout=args.request_timeout, queue_timeout=args.queue_timeout,
         **limit_settings(args))

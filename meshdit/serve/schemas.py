@@ -1,9 +1,9 @@
 """The HTTP request bodies: OpenAI's image fields plus meshdit's extensions, strictly typed."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from ..lora_files import MAX_LORA_WEIGHT
 
@@ -34,7 +34,33 @@ class LoraChoice(BaseModel):
     weight: StrictFloat | StrictInt = Field(default=1.0, ge=-MAX_LORA_WEIGHT, le=MAX_LORA_WEIGHT)
 
 
-class ImageRequest(BaseModel):
+class PerRequestSettings(BaseModel):
+    """What `meshdit generate` takes per request beyond OpenAI's fields, under the same names (GenerateRequest's);
+    unset: the server's flag, else the model's default. Checked by request.resolve_request against the model and
+    the server's layout (a 400 naming the field)."""
+
+    cache: CacheBody | None = None  # step caching (docs/caching.md); none: every block at every step
+    loras: list[LoraChoice] = Field(default_factory=list, max_length=16)  # adapters of --lora-dir, by name
+    loras_2: list[LoraChoice] = Field(default_factory=list, max_length=16)  # Wan 2.2's second expert: --lora-2-dir
+    extra: dict[str, Any] | None = None  # generate's --extra KEY=JSON (and max_sequence_length), the family's keys
+    warmup_steps: StrictInt | None = Field(default=None, ge=1)  # PipeFusion's, as generate's flags
+    num_pipeline_patch: StrictInt | None = Field(default=None, ge=1)
+    kv_drift_correction: StrictBool | None = None
+
+
+    def dimensions(self, default: tuple[int, int]) -> tuple[int, int]:
+        """(height, width) of the body's `size` "WxH" (ImageRequest's and VideoRequest's)."""
+        if getattr(self, "size", None) is None:
+            return default
+        width, height = (int(v) for v in self.size.split("x"))
+        return height, width
+
+
+PER_REQUEST_FIELDS = ("extra", "warmup_steps", "num_pipeline_patch", "kv_drift_correction")
+"""PerRequestSettings' fields that are GenerateRequest's under the same name (cache and loras are translated)."""
+
+
+class ImageRequest(PerRequestSettings):
     """POST /v1/images/generations, /v1/images/edits and /v1/images/jobs (JSON, or multipart/form-data)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -50,17 +76,9 @@ class ImageRequest(BaseModel):
     seed: StrictInt = Field(default=0, ge=0, le=2**63 - 1)
     guidance_scale: StrictFloat | StrictInt | None = Field(default=None, ge=0, le=100)
     negative_prompt: StrictStr | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
-    cache: CacheBody | None = None  # step caching (docs/caching.md); none: every block at every step
-    loras: list[LoraChoice] = Field(default_factory=list, max_length=16)  # adapters of --lora-dir, by name
     # the input image of an edit model: base64 (or a data: URL); a multipart upload arrives here base64-encoded
     image: StrictStr | None = None
 
-    def dimensions(self, default: tuple[int, int]) -> tuple[int, int]:
-        """(height, width)."""
-        if self.size is None:
-            return default
-        width, height = (int(v) for v in self.size.split("x"))
-        return height, width
 
 
 class ImageReference(BaseModel):
@@ -73,7 +91,7 @@ class ImageReference(BaseModel):
     file_id: StrictStr | None = None
 
 
-class VideoRequest(BaseModel):
+class VideoRequest(PerRequestSettings):
     """POST /v1/videos (JSON, or multipart/form-data as OpenAI's client sends it): OpenAI's video fields plus
     meshdit's extensions, those of ImageRequest where they mean the same."""
 
@@ -94,5 +112,3 @@ class VideoRequest(BaseModel):
     seed: StrictInt = Field(default=0, ge=0, le=2**63 - 1)
     guidance_scale: StrictFloat | StrictInt | None = Field(default=None, ge=0, le=100)
     negative_prompt: StrictStr | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
-    cache: CacheBody | None = None
-    loras: list[LoraChoice] = Field(default_factory=list, max_length=16)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import base64
 import copy
 import dataclasses
-import hashlib
 import io
 import re
 import threading
@@ -15,14 +14,19 @@ import numpy as np
 
 from ..config import GenerateRequest, ParallelConfig
 from ..engine_settings import EngineSettings
-from ..errors import ConfigError
+from ..errors import ConfigError, RequestFieldError
+from ..request import ResolvedRequest, as_request, batch_key, resolve_request
 from ..input_image import open_image
 from .admission import Admission
 from .jobs import Job, JobQueue
 from .limits import BODY_TIMEOUT_S, DRAIN_GRACE_S, MAX_BODY_BYTES, MAX_FRAMES, RESULT_STORE_MB, RESULT_TTL_S
 from .metrics import Metrics
 from .results import ResultStore
-from .schemas import ImageRequest
+from .schemas import PER_REQUEST_FIELDS
+
+FIRST_EXPERT, SECOND_EXPERT = "transformer", "transformer_2"  # loading/lora.py's names (no torch here)
+PARAMS = {"height": "size", "width": "size", "num_inference_steps": "steps", "num_images_per_prompt": "n"}
+"""A request field (RequestFieldError.field) -> the body's field that sets it, where the names differ."""
 
 
 @dataclass
@@ -31,10 +35,12 @@ class ServeSettings:
 
     engine: EngineSettings
     """How every rank builds its engine: the same settings `meshdit generate` gives its ranks."""
-    request: GenerateRequest
-    """Every request's defaults, with the model's filled in before the ranks start (ModelInfo.request_defaults,
-    as for generate and the API): size, steps, guidance, text length, PipeFusion's settings. A request's own
-    values (prompt, n, size, steps, seed, ...) replace them in make_job."""
+    request: GenerateRequest | ResolvedRequest
+    """Every request's defaults: serve's flags resolved with the model's defaults before the ranks start."""
+    flags: GenerateRequest | None = None
+    """Every request's base: what serve's flags set, unset values unset (None: `request`). A request's own values
+    (prompt, n, size, steps, seed, extra, ...) replace them in make_job, and request.resolve_request fills what both
+    leave unset from the model's defaults, as for generate and the API."""
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
@@ -107,23 +113,52 @@ class ServerState:
 
     @property
     def adapters(self) -> list[str]:
-        """The LoRA adapters requests may name (serve's --lora-dir)."""
-        return [name for name, _ in self.settings.engine.loras]
+        """The LoRA adapters requests may name in `loras` (serve's --lora-dir: the first denoiser's)."""
+        return self._adapters_of(FIRST_EXPERT)
 
-    def _loras(self, body: ImageRequest) -> tuple:
-        """((name, weight), ...) of the request; an adapter this server does not hold is a 400 naming it."""
-        for choice in body.loras:
-            if choice.name not in self.adapters:
-                have = ", ".join(self.adapters) or "none (start it with --lora-dir)"
-                raise BadRequest("loras", f"loras: this server has no LoRA adapter named {choice.name!r}; it has: "
-                                          f"{have}")
-        if len({c.name for c in body.loras}) < len(body.loras):
-            raise BadRequest("loras", "loras: an adapter is named twice")
-        return tuple((c.name, float(c.weight)) for c in body.loras)
+    @property
+    def adapters_2(self) -> list[str]:
+        """Those requests may name in `loras_2` (--lora-2-dir: Wan 2.2's second expert, transformer_2)."""
+        return self._adapters_of(SECOND_EXPERT)
+
+    def _adapters_of(self, expert: str) -> list[str]:
+        experts = dict(self.settings.engine.lora_experts)
+        return [name for name, _ in self.settings.engine.loras if expert in experts.get(name, (FIRST_EXPERT,))]
+
+    def _loras(self, body) -> tuple:
+        """((name, weight), ...) of the request's `loras` and `loras_2`; an adapter this server does not hold is a
+        400 naming it. An adapter in both experts (a file in both folders) has one weight, as generate's."""
+        chosen: dict[str, float] = {}
+        for param, held, flag in (("loras", self.adapters, "--lora-dir"), ("loras_2", self.adapters_2, "--lora-2-dir")):
+            names = [c.name for c in getattr(body, param)]
+            if len(set(names)) < len(names):
+                raise BadRequest(param, f"{param}: an adapter is named twice")
+            for choice in getattr(body, param):
+                if choice.name not in held:
+                    have = ", ".join(held) or f"none (start it with {flag})"
+                    raise BadRequest(param, f"{param}: this server has no LoRA adapter named {choice.name!r}; it "
+                                            f"has: {have}")
+                if chosen.get(choice.name, choice.weight) != choice.weight:
+                    raise BadRequest(param, f"{param}: {choice.name!r} is in both experts and has one weight; give "
+                                            f"it the same weight in loras and loras_2")
+                chosen[choice.name] = float(choice.weight)
+        return tuple(chosen.items())
+
+    @property
+    def given_request(self) -> GenerateRequest:
+        """Every request's base: what serve's flags set (unset values stay unset, for the model's defaults)."""
+        r = self.settings.flags or self.settings.request
+        return as_request(r) if isinstance(r, ResolvedRequest) else r
+
+    def resolved_defaults(self) -> ResolvedRequest:
+        """What a request that sets nothing resolves to (its prompt aside): `request`, resolved before the ranks
+        started (serve_settings), or resolved now (as given while no model is attached)."""
+        r = self.settings.request
+        return r if isinstance(r, ResolvedRequest) or self.info is None else resolve_request(r, self.info)
 
     def defaults(self) -> dict:
         """What a request leaves unset becomes (the web page prefills these)."""
-        r = self.settings.request
+        r = self.resolved_defaults()
         video = {"num_frames": r.num_frames, "fps": r.fps} if r.num_frames is not None else {}  # a video model's
         return {"size": f"{r.width}x{r.height}", "steps": r.num_inference_steps, **video}
 
@@ -131,65 +166,76 @@ class ServerState:
         return max(1, int(self._latency))
 
     # -- requests ----------------------------------------------------------
-    def make_job(self, body: ImageRequest) -> Job:
-        """Checks the request against the model and layout; raises BadRequest naming the field."""
-        s, defaults = self.settings, self.settings.request
-        height, width = body.dimensions((defaults.height, defaults.width))
-        if height * width > s.max_pixels:
-            raise BadRequest("size", f"size {body.size} has {height * width} pixels; this server allows at most "
-                                     f"{s.max_pixels} (e.g. {defaults.width}x{defaults.height})")
-        if body.n > s.max_images:
-            raise BadRequest("n", f"n={body.n} is more than this server's limit of {s.max_images} images per request")
-        if body.n < s.config.data_parallel_degree:
-            raise BadRequest("n", f"n={body.n}: the layout has {s.config.data_parallel_degree} data-parallel groups "
+    def make_job(self, body, video: dict | None = None, params: dict | None = None) -> Job:
+        """The job of an image request (ImageRequest; a VideoRequest with `video`: its num_frames, fps and input
+        image), resolved by request.resolve_request against the model and layout; a refusal is a BadRequest naming
+        the body's field (params: GenerateRequest field -> the body's field, beside PARAMS)."""
+        s, params = self.settings, {**PARAMS, **(params or {})}
+        n = getattr(body, "n", 1)  # a video request makes one video
+        if n > s.max_images:
+            raise BadRequest("n", f"n={n} is more than this server's limit of {s.max_images} images per request")
+        if n < s.config.data_parallel_degree:
+            raise BadRequest("n", f"n={n}: the layout has {s.config.data_parallel_degree} data-parallel groups "
                                   f"and needs at least that many images per request")
-        scale = defaults.guidance_scale if body.guidance_scale is None else float(body.guidance_scale)
-        model = self.info.request_defaults()
-        if body.guidance_scale is None and body.negative_prompt is not None and \
-                model.guidance_without_negative_prompt == scale:  # FLUX.1, Qwen-Image: true CFG's own default
-            scale = model.guidance_scale
-        if body.negative_prompt is not None and not self.info.runs_cfg(scale):
-            raise BadRequest("negative_prompt", "negative_prompt is unused by this model at this guidance_scale "
-                                                "(no classifier-free guidance): remove it")
-        steps = body.steps or defaults.num_inference_steps
-        loras = self._loras(body)
-        image, image_digest = self._image(body)
-        request = dataclasses.replace(defaults, prompt=body.prompt, negative_prompt=body.negative_prompt,
-                                      height=height, width=width, num_inference_steps=steps, guidance_scale=scale,
-                                      seed=body.seed, num_images_per_prompt=body.n, extra=dict(defaults.extra),
-                                      cache=self._cache_settings(body, defaults.cache), loras=loras, image=image)
-        cache = request.cache
+        video = dict(video or {})
+        image = self._image(video.pop("image") if "image" in video else body.image)
+        given = self.given_request
+        values = dict(prompt=body.prompt, negative_prompt=body.negative_prompt, seed=body.seed,
+                      num_images_per_prompt=n, loras=self._loras(body), image=image,
+                      cache=self._cache_settings(body, given.cache), **video)
+        if body.size is not None:
+            values["height"], values["width"] = body.dimensions((None, None))
+        if body.steps is not None:
+            values["num_inference_steps"] = body.steps
+        if body.guidance_scale is not None:
+            values["guidance_scale"] = float(body.guidance_scale)
+        values.update({name: getattr(body, name) for name in PER_REQUEST_FIELDS if getattr(body, name) is not None})
+        if body.extra is not None:  # the body's keys over the server's (--extra, --max-sequence-length)
+            values["extra"] = {**given.extra, **body.extra}
+        request = dataclasses.replace(given, **values)
         try:
-            self.info.check_cache(s.config, request)
-        except ConfigError as exc:
-            raise BadRequest("cache", f"cache: {exc}") from None
-        try:
-            self.info.check(s.config, height, width, scale, body.n, request.patches(s.config))
-        except ConfigError as exc:
-            param = "guidance_scale" if "CFG" in str(exc) else "size"
-            message = size_terms(str(exc), height, width) if param == "size" else str(exc)
-            raise BadRequest(param, f"{param}: {message}") from None
-        self._check_prompt_length("prompt", body.prompt)
+            resolved = resolve_request(request, self.info)
+            if resolved.height * resolved.width > s.max_pixels:
+                defaults = self.resolved_defaults()
+                raise RequestFieldError("height", f"size {resolved.width}x{resolved.height} has "
+                                                  f"{resolved.height * resolved.width} pixels; this server allows at "
+                                                  f"most {s.max_pixels} (e.g. {defaults.width}x{defaults.height})")
+            if body.negative_prompt is not None and not self.info.runs_cfg(resolved.guidance_scale):
+                raise RequestFieldError("negative_prompt", "negative_prompt is unused by this model at this "
+                                                           "guidance_scale (no classifier-free guidance): remove it")
+            resolved = resolve_request(resolved, self.info, s.config)
+        except RequestFieldError as exc:
+            raise self.bad_request(exc, params, request) from None
+        except ConfigError as exc:  # the model or the layout alone (no field of the request)
+            raise BadRequest(None, str(exc)) from None
+        self._check_prompt_length("prompt", body.prompt, resolved)
         if body.negative_prompt:
-            self._check_prompt_length("negative_prompt", body.negative_prompt)
-        # other caches, adapters or input images: other batches (one batch shares the image's token ids)
-        key = (height, width, steps, scale, body.negative_prompt is None, cache, loras, image_digest)
-        if self.info.draws_noise_each_step:  # each request keeps its own generator: it never shares a batch
-            key += (id(request),)
-        return Job(request, key, body.n, steps)
+            self._check_prompt_length("negative_prompt", body.negative_prompt, resolved)
+        return Job(resolved, batch_key(resolved, self.info, s.config), n, resolved.num_inference_steps)
 
-    def _image(self, body: ImageRequest):
-        """(the request's input image as an RGB PIL image, the SHA-256 of its file) or (None, None); a model that
-        takes none, one it needs missing, or a file that is no image or too large: a 400 naming `image`."""
+    @staticmethod
+    def bad_request(exc: RequestFieldError, params: dict, request: GenerateRequest) -> BadRequest:
+        """The 400 of a refusal: the body's field that RequestFieldError.field names (PARAMS), its message with
+        generate's --height / --width advice worded for `size`."""
+        param = params.get(exc.field, exc.field)
+        message = str(exc)
+        if param == "size" and request.height is not None:
+            message = size_terms(message, request.height, request.width)
+        return BadRequest(param, message if message.startswith(f"{param}:") else f"{param}: {message}")
+
+    def _image(self, given: str | None):
+        """The request's input image (base64 or a data: URL) as an RGB PIL image, or None (its SHA-256, which the
+        batch key holds, is ResolvedRequest.image_key); a model that takes none, one it needs missing, or a file that
+        is no image or too large: a 400 naming `image`."""
         what = self.info.pipeline_class
-        if body.image is None:
+        if given is None:
             if self.info.needs_image:
                 raise BadRequest("image", f"image: this {what} edits an image: send the image to edit")
-            return None, None
+            return None
         if not self.info.takes_image:
             raise BadRequest("image", f"image: this {what} makes images from text alone and takes no image: "
                                       "drop `image` (or serve an image-edit model such as FLUX.1 Kontext)")
-        text = body.image.split(",", 1)[1] if body.image.startswith("data:") else body.image  # a data: URL
+        text = given.split(",", 1)[1] if given.startswith("data:") else given  # a data: URL
         text = "".join(text.split())  # MIME base64 (`base64` without -w 0) breaks lines every 76 characters
         try:
             data = base64.b64decode(text, validate=True)
@@ -200,10 +246,10 @@ class ServerState:
             image = open_image(data, "image")
         except ConfigError as exc:
             raise BadRequest("image", str(exc)) from None
-        return image, hashlib.sha256(data).hexdigest()
+        return image
 
     @staticmethod
-    def _cache_settings(body: ImageRequest, default):
+    def _cache_settings(body, default):
         """The body's `cache` as CacheSettings, checked (the messages name the CLI flags of the fields); without
         one, the server's (`meshdit serve --cache ...`, default: none)."""
         from ..cache import CacheSettings
@@ -218,11 +264,11 @@ class ServerState:
             raise BadRequest("cache", f"cache: {exc}") from None
         return settings
 
-    def _check_prompt_length(self, param: str, text: str) -> None:
+    def _check_prompt_length(self, param: str, text: str, request: ResolvedRequest) -> None:
         """Refuses what the text encoders would silently cut off."""
         for tokenizer in self.tokenizers:
             clip = "clip" in type(tokenizer).__name__.lower()
-            text_tokens = self.settings.request.extra.get("max_sequence_length")
+            text_tokens = request.extra.get("max_sequence_length")
             limit = tokenizer.model_max_length if clip or not text_tokens else text_tokens
             count = len(tokenizer(text, truncation=False).input_ids)
             if count > limit:

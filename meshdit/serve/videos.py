@@ -8,26 +8,21 @@ error code "cancelled". No family meshdit runs makes audio, so the MP4 has none.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..errors import ConfigError
 from .app import TEXT_FIELDS, admit, error, job_or_error, request_fields
 from .jobs import Job
-from .schemas import ImageRequest, VideoRequest
+from .schemas import VideoRequest
 from .server_state import BadRequest, ServerState
 
 VIDEO_TEXT_FIELDS = TEXT_FIELDS | {"seconds"}  # OpenAI's client sends seconds as text ("4")
 STATUS = {"queued": "queued", "running": "in_progress", "done": "completed", "expired": "completed",
           "failed": "failed", "cancelled": "failed"}
 """A job's state -> OpenAI's video status (an expired job completed; its content answers 410)."""
-SHARED_FIELDS = ("prompt", "model", "size", "user", "steps", "seed", "guidance_scale", "negative_prompt", "cache",
-                 "loras")
-"""VideoRequest's fields that mean what ImageRequest's do."""
 
 
 def frames_for(info, seconds: float, fps: int) -> int:
@@ -65,15 +60,18 @@ def _reference(body: VideoRequest) -> str | None:
 
 
 def make_video_job(state: ServerState, body: VideoRequest) -> Job:
-    """The job of one video request, checked against the model and layout (BadRequest naming the field)."""
-    info, settings, defaults = state.info, state.settings, state.settings.request
-    fps = body.fps or defaults.fps
+    """The job of one video request, resolved against the model and layout as an image request is
+    (ServerState.make_job, with the clip's length, fps and first frame; BadRequest naming the field)."""
+    info, settings = state.info, state.settings
     if body.num_frames is not None and body.seconds is not None:
         raise BadRequest("num_frames", "num_frames and seconds both set the clip's length: send one")
-    frames = body.num_frames if body.num_frames is not None else \
-        frames_for(info, _seconds(body.seconds), fps) if body.seconds is not None else defaults.num_frames
     length_param = "num_frames" if body.num_frames is not None else "seconds"
-    if frames > settings.max_frames:
+    fps = body.fps
+    frames = body.num_frames
+    if body.seconds is not None:
+        fps = fps or state.resolved_defaults().fps
+        frames = frames_for(info, _seconds(body.seconds), fps)
+    if frames is not None and frames > settings.max_frames:
         raise BadRequest(length_param, f"{length_param}: {frames} frames is more than this server's limit of "
                                        f"{settings.max_frames} (--max-frames)")
     image = _reference(body)
@@ -84,23 +82,17 @@ def make_video_job(state: ServerState, body: VideoRequest) -> Job:
     if image is None and info.needs_image:
         raise BadRequest("input_reference", f"input_reference: this {info.pipeline_class} animates an image: send "
                                             "its first frame")
-    fields = {name: getattr(body, name) for name in SHARED_FIELDS}
+    video = {"num_frames": frames, "fps": fps, "image": image}
     try:
-        job = state.make_job(ImageRequest.model_validate({**fields, "cache": body.cache and body.cache.model_dump(),
-                                                          "loras": [c.model_dump() for c in body.loras],
-                                                          "image": image}))
+        job = state.make_job(body, {k: v for k, v in video.items() if v is not None or k == "image"},
+                             {"num_frames": length_param, "image": "input_reference"})
     except BadRequest as exc:
-        if exc.param != "image":
+        if exc.param != "image":  # ServerState._image's own refusals of the file
             raise
         raise BadRequest("input_reference", exc.message.replace("image:", "input_reference:", 1)) from None
-    request = dataclasses.replace(job.request, num_frames=frames, fps=fps)
-    try:
-        info.check_frames_and_image(request, image_per_request=True)
-        info.check(settings.config, request.height, request.width, request.guidance_scale, 1,
-                   request.patches(settings.config), frames, request.extra)
-    except ConfigError as exc:
-        raise BadRequest(length_param, f"{length_param}: {exc}") from None
-    job.request, job.batch_key = request, job.batch_key + (frames, fps)
+    if job.request.num_frames > settings.max_frames:  # the server's default length
+        raise BadRequest(length_param, f"{length_param}: {job.request.num_frames} frames is more than this "
+                                       f"server's limit of {settings.max_frames} (--max-frames)")
     job.id = "video_" + uuid.uuid4().hex[:24]
     return job
 
@@ -113,7 +105,7 @@ def video_object(state: ServerState, job: Job) -> dict:
         if running or job.step else 0
     out = {"id": job.id, "object": "video", "model": state.model_id, "status": STATUS[job.state],
            "progress": progress, "created_at": int(job.created), "completed_at": None, "expires_at": None,
-           "prompt": r.prompt, "seconds": f"{r.num_frames / r.fps:g}", "size": f"{r.width}x{r.height}",
+           "prompt": r.prompts[0], "seconds": f"{r.num_frames / r.fps:g}", "size": f"{r.width}x{r.height}",
            "error": None, "step": job.step, "steps": job.steps, "num_frames": r.num_frames, "fps": r.fps}
     if job.finished is not None and job.state != "running":
         out["completed_at"] = int(job.finished)

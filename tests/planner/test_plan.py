@@ -20,6 +20,7 @@ from meshdit.planner.hardware import PRESETS, cpu_here, parse_bytes, world_from
 from meshdit.planner.layouts import Layout, degree_tuples, legal_layouts
 from meshdit.planner.predict import axis_link, predict
 from meshdit.planner.snapshots import resolve_model, snapshot_names
+from meshdit.request import fill_defaults
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -61,7 +62,7 @@ def test_snapshots_resolve_by_name_and_by_hub_id_and_pass_the_models_checks():
 
 def test_every_layout_multiplies_to_the_world_and_is_one_the_model_accepts():
     _, info, costs = load_model(None)  # the bundled model: 4 heads, 9 blocks, CFG at its default guidance
-    request = GenerateRequest(prompt=["a", "b"]).with_defaults(info.request_defaults())
+    request = fill_defaults(GenerateRequest(prompt=["a", "b"]), info.request_defaults())
     world = 8
     layouts = legal_layouts(info, request, world, fp8_options=False)
     assert {math.prod(d for _, d in layout.degrees) for layout in layouts} == {world}
@@ -81,7 +82,7 @@ def test_every_layout_multiplies_to_the_world_and_is_one_the_model_accepts():
 
 def test_memory_rules_stage_cut_fp8_parallel_vae_and_stale_kv():
     _, info, costs = load_model("flux1-dev")
-    request = GenerateRequest(prompt="p").with_defaults(info.request_defaults())
+    request = fill_defaults(GenerateRequest(prompt="p"), info.request_defaults())
     world = PRESETS["h100-sxm"].with_size(4)
     by = {(r.layout.describe(), r.layout.fp8, r.layout.vae): r for r in
           (predict(layout, costs, world, request) for layout in legal_layouts(info, request, 4))}
@@ -114,7 +115,7 @@ def test_the_plan_keeps_the_faster_decode_of_each_layout(tmp_path, monkeypatch):
 
 def test_tensor_parallel_splits_the_blocks_and_adds_two_all_reduces_per_block():
     _, info, costs = load_model("flux1-dev")
-    request = GenerateRequest(prompt="p").with_defaults(info.request_defaults())
+    request = fill_defaults(GenerateRequest(prompt="p"), info.request_defaults())
     world = PRESETS["h100-sxm"].with_size(4)
     by = {r.layout.describe(): r for r in (predict(layout, costs, world, request)
                                            for layout in legal_layouts(info, request, 4, fp8_options=False))}
@@ -126,8 +127,8 @@ def test_tensor_parallel_splits_the_blocks_and_adds_two_all_reduces_per_block():
     # a family without a tensor-parallel plan (HunyuanVideo) gets no tp layout
     _, video, _ = load_model("hunyuanvideo")
     assert not video.family.parallel.tensor
-    video_request = GenerateRequest(prompt="p", num_frames=33, height=320, width=512).with_defaults(
-        video.request_defaults())
+    video_request = fill_defaults(GenerateRequest(prompt="p", num_frames=33, height=320, width=512),
+                                  video.request_defaults())
     assert all(layout.degree(MeshAxis.TP) == 1 for layout in legal_layouts(video, video_request, 4))
 
 
@@ -221,7 +222,7 @@ def test_measured_collectives_price_each_call_and_cpu_ranks_share_the_cores(tmp_
     with more ranks than cores each rank computes at cores / ranks of its speed."""
     _write_calibration(tmp_path, monkeypatch)
     _, info, costs = load_model("meshdit/default_model/weights")
-    request = GenerateRequest(prompt="p", guidance_scale=1.0).with_defaults(info.request_defaults())
+    request = fill_defaults(GenerateRequest(prompt="p", guidance_scale=1.0), info.request_defaults())
     world = world_from("cpu-here", 2, 1)
     uly = predict(_layout(MeshAxis.ULYSSES), costs, world, request)
     seq = costs.tokens(request.height, request.width, None) + info.request_defaults().max_sequence_length
@@ -269,8 +270,9 @@ def test_the_cfg_axis_takes_as_many_groups_as_the_requests_branches(capsys):
     """SD3.5 Large: CFG is 2 branches (cfg 1 or 2); with skip-layer guidance 3 (cfg 3 legal, PipeFusion not: its
     pass skips blocks); the plan's request line names the count and the largest cfg degree."""
     _, info, costs = load_model("sd3.5-large")
-    plain = GenerateRequest(prompt="p").with_defaults(info.request_defaults())
-    skip = GenerateRequest(prompt="p", extra={"skip_guidance_layers": [7, 8, 9]}).with_defaults(info.request_defaults())
+    plain = fill_defaults(GenerateRequest(prompt="p"), info.request_defaults())
+    skip = fill_defaults(GenerateRequest(prompt="p", extra={"skip_guidance_layers": [7, 8, 9]}),
+                         info.request_defaults())
     for request, branches in ((plain, 2), (skip, 3)):
         layouts = legal_layouts(info, request, 6, fp8_options=False)
         assert max(layout.degree(MeshAxis.CFG) for layout in layouts) == branches

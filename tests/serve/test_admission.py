@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from meshdit.default_model import weights_path
 from meshdit.engine_settings import EngineSettings
 from meshdit.models.info import ModelInfo
+from meshdit.request import fill_defaults
 from meshdit.serve.app import create_app
 from meshdit.serve.server_state import ServerState, ServeSettings
 from meshdit.config import GenerateRequest
@@ -19,7 +20,7 @@ from meshdit.config import GenerateRequest
 def server(max_queue_seconds: float) -> tuple[ServerState, TestClient]:
     model = str(weights_path())
     info = ModelInfo.from_pretrained(model)
-    defaults = GenerateRequest(prompt="-").with_defaults(info.request_defaults())
+    defaults = fill_defaults(GenerateRequest(prompt="-"), info.request_defaults())
     state = ServerState(ServeSettings(EngineSettings(model), defaults, max_queue=64,
                                       max_queue_seconds=max_queue_seconds))
     state.info, state.ready = info, True  # what attach() sets once the ranks loaded (nothing runs here)

@@ -139,7 +139,7 @@ def test_every_engine_and_default_setting_reaches_serves_ranks_as_generates(monk
     assert (engine.dtype, engine.fp8.gemm, engine.fp8.stale_kv, engine.loading.memory_efficient,
             engine.loading.text_encoder_device, engine.config.compile, engine.vae.parallel) == (
         "bfloat16", True, True, True, "cpu", "aot_eager", True)
-    assert settings.request == dataclasses.replace(request, prompt=["-"])
+    assert settings.request == dataclasses.replace(request, prompt=("-",))
     assert (request.height, request.width, request.num_inference_steps, request.warmup_steps,
             request.extra["max_sequence_length"]) == (64, 48, 3, 2, 16)
 
@@ -150,14 +150,15 @@ def test_serve_generate_and_the_api_share_the_bundled_models_defaults_and_the_pa
     from meshdit.config import GenerateRequest
     from meshdit.default_model import weights_path
     from meshdit.models.info import ModelInfo
+    from meshdit.request import resolve_request
     from meshdit.serve.app import create_app
     from meshdit.serve.server_state import ServerState
 
     monkeypatch.delenv("MESHDIT_API_KEY", raising=False)
     settings = serve_settings(build_parser().parse_args(["serve"]))
     generate = generate_settings(build_parser().parse_args(["generate", "--prompt", "-"]))[2]
-    api = GenerateRequest(prompt=["-"]).with_defaults(ModelInfo.from_pretrained(str(weights_path())).request_defaults())
-    assert settings.request == generate == api  # Engine.resolve is this with_defaults call
+    api = resolve_request(GenerateRequest(prompt=["-"]), ModelInfo.from_pretrained(str(weights_path())))
+    assert settings.request == generate == api  # Engine.resolve is this resolve_request call
     assert (api.height, api.width, api.num_inference_steps) == (256, 256, 20)  # not the family's 1024 x 1024
     health = TestClient(create_app(ServerState(settings))).get("/health").json()  # 503 while loading: still says
     assert health["defaults"] == {"size": "256x256", "steps": 20}

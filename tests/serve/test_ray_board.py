@@ -18,6 +18,7 @@ from meshdit.config import GenerateRequest  # noqa: E402
 from meshdit.default_model import weights_path  # noqa: E402
 from meshdit.engine_settings import EngineSettings  # noqa: E402
 from meshdit.models.info import ModelInfo  # noqa: E402
+from meshdit.request import fill_defaults  # noqa: E402
 from meshdit.serve.app import create_app  # noqa: E402
 from meshdit.serve.jobs import Job  # noqa: E402
 from meshdit.serve.server_state import ServeSettings  # noqa: E402
@@ -34,7 +35,7 @@ def replicas():
         board = JobBoard.remote()
         model = str(weights_path())
         info = ModelInfo.from_pretrained(model)
-        defaults = GenerateRequest(prompt="-").with_defaults(info.request_defaults())
+        defaults = fill_defaults(GenerateRequest(prompt="-"), info.request_defaults())
         states = []
         for name in ("a", "b"):
             state = BoardState(ServeSettings(EngineSettings(model), defaults), board, name)
