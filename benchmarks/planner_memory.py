@@ -85,6 +85,7 @@ def predicted(folder: str, request, degrees: dict, rank: int):
     from meshdit.planner.hardware import world_from
     from meshdit.planner.layouts import Layout
     from meshdit.planner.predict import predict
+    from meshdit.request import fill_defaults
 
     _, info, costs = load_model(folder)
     layout = Layout(tuple((a.name, degrees.get(a.field, 1)) for a in AXES),
@@ -92,7 +93,7 @@ def predicted(folder: str, request, degrees: dict, rank: int):
     world = world_from("cpu-here", layout.world_size, 1)
     inner = layout.sp * layout.degree(MeshAxis.TP)  # ranks inside one stage (ring, ulysses, tp vary faster)
     stage = rank // inner % layout.degree(MeshAxis.PP)  # the rank's pp coordinate
-    p = predict(layout, costs, world, request.with_defaults(info.request_defaults()), stage=stage)
+    p = predict(layout, costs, world, fill_defaults(request, info.request_defaults()), stage=stage)
     weights = p.memory.weights - costs.vae_params * world.dtype_bytes
     return weights, max(p.memory.activations + p.memory.stale_kv, p.memory.vae)
 

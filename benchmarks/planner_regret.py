@@ -79,13 +79,14 @@ def cell(folder: str, model: str, tokens: int, cfg: bool, ranks: int, steps: int
     from meshdit.planner.hardware import world_from
     from meshdit.planner.layouts import legal_layouts
     from meshdit.planner.predict import predict
+    from meshdit.request import fill_defaults
     from meshdit.vae.settings import VaeDecodeSettings
 
     request = _request(model, tokens, cfg, steps)
     _, info, costs = load_model(folder)
     world = world_from("cpu-here", ranks, 1)
     plan = make_plan(info, costs, request, world, fp8_options=False)
-    full = request.with_defaults(info.request_defaults())
+    full = fill_defaults(request, info.request_defaults())
     rows = [predict(layout, costs, world, full) for layout in legal_layouts(info, full, ranks, fp8_options=False,
                                                                              parallel_vae=costs.vae_splits)]
     by_degrees: dict = {}

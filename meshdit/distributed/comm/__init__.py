@@ -20,7 +20,7 @@ Wire codec: a caller passes `codec` (or PipeChannel's `codec_for`); only here is
 applied (meshdit.quant.codec's FP8 codec: Ulysses' all-to-all, the ring's K/V, the
 pipeline's stage traffic); what travels and is counted is its bytes.
 
-The gloo rules (benchmarks/gloo_p2p.py; its timings are in docs/ARCHITECTURE.md, "Communication"):
+The gloo rules (benchmarks/gloo_p2p.py; its timings are in docs/figures.md, "gloo point to point"):
 - a blocking `send` returns only once the peer has posted the matching receive;
 - `isend` returns at once but its work is not completed until the peer posts the receive:
   wait() returns only then. Nothing is buffered eagerly, whatever the message size;
