@@ -46,6 +46,17 @@ VAE_FIELDS = {
 GUIDER_FIELDS = {"guidance_scale": Field(0, 1e6, whole=False)}
 
 
+def common_spelling(config: dict) -> dict:
+    """A transformer config with the fields the checks read under their common names added where the class spells
+    them its own way (Z-Image: n_heads, dim, n_layers, all_patch_size), the config's own keys kept as they are."""
+    if not isinstance(config.get("n_heads"), int) or not isinstance(config.get("dim"), int):
+        return config
+    patch = config.get("all_patch_size") or [2]
+    return {"num_attention_heads": config["n_heads"], "attention_head_dim": config["dim"] // max(config["n_heads"], 1),
+            "num_layers": config.get("n_layers"), "patch_size": patch[0] if isinstance(patch, list | tuple) else patch,
+            **config}
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     source: str
@@ -116,7 +127,7 @@ class ModelInfo:
         temporal = _first_attribute(pipe, "vae_scale_factor_temporal", "vae_temporal_compression_ratio") \
             if family.is_video else None
         guider = getattr(pipe, "guider", None) if family.defaults.guidance_from_guider else None
-        return cls(source, pipeline_class, family, dict(pipe.transformer.config), int(spatial),
+        return cls(source, pipeline_class, family, common_spelling(dict(pipe.transformer.config)), int(spatial),
                    type(pipe.scheduler).__name__, int(temporal or 1),
                    {k: v for k, v in pipe.config.items() if not isinstance(v, (list, tuple))},
                    guider.config.get("guidance_scale") if guider is not None else None)
@@ -129,7 +140,7 @@ class ModelInfo:
         if not isinstance(pipeline_class, str):
             raise ConfigError(f"{model}: model_index.json names no pipeline (its \"_class_name\" is missing): "
                               "pass a folder written by save_pretrained, or restore the file from the model's source.")
-        transformer = read_json(model, "transformer/config.json")
+        transformer = common_spelling(read_json(model, "transformer/config.json"))
         vae = read_json(model, "vae/config.json")
         family = family_for_pipeline(pipeline_class)
         check_fields(transformer, TRANSFORMER_FIELDS, config_path(model, "transformer/config.json"))

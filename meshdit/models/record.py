@@ -265,9 +265,13 @@ class BlockKind(enum.Enum):
     """Self-attention, cross-attention to the text and an FFN of config ffn_dim (Wan)."""
     LINEAR_MIX_FFN = "linear_mix_ffn"
     """Linear self-attention, cross-attention to the text, a Mix-FFN of mlp_ratio (SANA)."""
+    SWIGLU_SINGLE = "swiglu_single"
+    """Single-stream blocks over [image, text] (the text through the same weights), a SwiGLU MLP of 8/3 x hidden and
+    a 4-modulation adaLN from a 256-wide embedding, plus 2 x n_refiner_layers refiner blocks of the same shape kept
+    whole on every rank (Z-Image)."""
 
 
-JOINT_KINDS = (BlockKind.DOUBLE_SINGLE, BlockKind.SWIGLU_DOUBLE_SINGLE)
+JOINT_KINDS = (BlockKind.DOUBLE_SINGLE, BlockKind.SWIGLU_DOUBLE_SINGLE, BlockKind.SWIGLU_SINGLE)
 """Block kinds whose text may join the image tokens' self-attention (the others cross-attend to it)."""
 
 

@@ -22,6 +22,8 @@ class Split:
     A tuple or list input (e.g. rotary embeddings as (cos, sin)) has each of its tensors sharded alike."""
 
     module: str
+    """The module's path; a glob ("layers.*": the list's items, not deeper) hooks every module it matches, for an
+    input the model's forward passes whole to every block (Z-Image's rotary freqs and token masks)."""
     arg: str  # forward argument name, or OUTPUT
     dim: int  # sequence dim (negative counts from the end, so batched and unbatched ids both work)
     stream: str  # e.g. "img", "txt": attention layers name the streams their sequence holds
@@ -73,6 +75,17 @@ class TokenMask:
 
 
 @dataclass(frozen=True)
+class KeyMask:
+    """Attention value: the module's q/k/v are `streams` (each split over the SP ranks), and its SDPA mask, where it
+    passes one, is a boolean key mask [B or 1, 1, 1, N] over the streams' whole tokens (Z-Image: a batch whose
+    samples' sequences differ in length pads the shorter ones and masks that padding). Unmasked calls take the
+    plain sequence-parallel attention; a masked one gathers K/V over the SP ranks and attends this rank's queries
+    under the whole mask (one process's computation row for row; its traffic is ring attention's, not overlapped)."""
+
+    streams: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class NotSdpa:
     """Attention value: the module computes attention without torch's SDPA, so the SDPA router never sees it,
     and `exchange` makes it sequence-parallel instead. The case in view is linear attention (SANA): its output
@@ -119,7 +132,8 @@ class Gather:
 class SequencePlan:
     splits: tuple[Split, ...]
     gathers: tuple[Gather, ...]
-    attention: dict[str, tuple[str, ...] | str | MaskedTail | TokenMask | NotSdpa] = field(default_factory=dict)
+    attention: dict[str, tuple[str, ...] | str | MaskedTail | TokenMask | KeyMask | NotSdpa] = field(
+        default_factory=dict)
     """Glob over attention module paths -> the streams their q/k/v sequence
     concatenates (any order), LOCAL, a MaskedTail, a TokenMask, or NotSdpa. First match wins; every attention module
     in the transformer must match one glob. Every module given streams, a MaskedTail or a TokenMask must call torch's

@@ -25,7 +25,7 @@ from ..distributed.comm import all_gather_uneven, group_rank, group_size, split_
 from ..distributed.mesh import ParallelMesh
 from ..errors import ConfigError
 from ..mesh_axes import MeshAxis
-from .plan import LOCAL, OUTPUT, MaskedTail, NotSdpa, SequencePlan, Split, TokenMask
+from .plan import LOCAL, OUTPUT, KeyMask, MaskedTail, NotSdpa, SequencePlan, Split, TokenMask
 from .row_halo import apply_row_halo
 
 
@@ -150,6 +150,42 @@ class _ActiveAttention:
         state = self.state
         return usp_attention(query, key, value, state.groups, per_rank, scale, state.local_attention,
                              state.lse_attention, state.codecs)
+
+
+@dataclass
+class _KeyMaskAttention:
+    """Attention over split `streams` whose SDPA mask, when given, is a boolean key mask over their whole tokens
+    (KeyMask): unmasked calls are the plain sequence-parallel attention; a masked call gathers every stream's K/V
+    over the SP ranks (whole streams, in the streams' order) and attends this rank's queries under the whole mask."""
+
+    state: _SequenceState
+    streams: tuple[str, ...]
+    module_name: str
+
+    def __call__(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                 enable_gqa=False):
+        active = _ActiveAttention(self.state, self.streams, self.module_name)
+        if attn_mask is None:
+            return active(query, key, value, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                          enable_gqa=enable_gqa)
+        state = self.state
+        whole = sum(state.full_lens[s] for s in self.streams)
+        if attn_mask.dtype != torch.bool or attn_mask.dim() != 4 or attn_mask.shape[1:3] != (1, 1) \
+                or attn_mask.shape[-1] != whole:
+            raise NotImplementedError(f"{self.module_name}: sequence parallelism takes a boolean key mask "
+                                      f"[B, 1, 1, {whole}] here, got {attn_mask.dtype} {tuple(attn_mask.shape)}")
+        if dropout_p or is_causal or enable_gqa or state.stale_kv is not None:
+            raise NotImplementedError(f"{self.module_name}: a masked call runs under Ulysses / Ring only, without "
+                                      "dropout, causal masking, grouped K/V or PipeFusion; run this batch with "
+                                      "--pipefusion-parallel-degree 1 (or prompts of one length)")
+        local = [state.lens(s)[state.sp_rank] for s in self.streams]
+
+        def whole_streams(x):  # [B, H, local, D] -> [B, H, N, D], each stream gathered in its place
+            parts = x.split(local, dim=2)
+            return torch.cat([all_gather_uneven(p.contiguous(), 2, state.lens(s), state.sp_group)
+                              for p, s in zip(parts, self.streams)], dim=2)
+
+        return TORCH_SDPA(query, whole_streams(key), whole_streams(value), attn_mask=attn_mask, scale=scale)
 
 
 @dataclass
@@ -336,23 +372,23 @@ def _hook_transformer(transformer: torch.nn.Module, plan: SequencePlan, state: _
     handles = []
 
     for split in plan.splits:
-        module = _find(modules, split.module)
-        if split.arg == OUTPUT:
-            def split_output(_mod, _args, out, split=split):
-                if isinstance(out, (tuple, list)):  # e.g. Wan's rope returns (cos, sin), each [1, S, 1, D]
-                    return _split_items(out, split, state)
-                return _split(state, out, split)
-            handles.append(module.register_forward_hook(split_output))
-        else:
-            def split_input(mod, args, kwargs, split=split):
-                named = _named_inputs(mod, args, kwargs)
-                value = named.get(split.arg)
-                if isinstance(value, (tuple, list)):  # e.g. HunyuanDiT's rotary (cos, sin), each [S, D]
-                    named[split.arg] = _split_items(value, split, state)
-                elif value is not None:
-                    named[split.arg] = _split(state, value, split)
-                return (), named
-            handles.append(module.register_forward_pre_hook(split_input, with_kwargs=True))
+        for module in _find_all(modules, split.module):  # a glob hooks every block it matches
+            if split.arg == OUTPUT:
+                def split_output(_mod, _args, out, split=split):
+                    if isinstance(out, (tuple, list)):  # e.g. Wan's rope returns (cos, sin), each [1, S, 1, D]
+                        return _split_items(out, split, state)
+                    return _split(state, out, split)
+                handles.append(module.register_forward_hook(split_output))
+            else:
+                def split_input(mod, args, kwargs, split=split):
+                    named = _named_inputs(mod, args, kwargs)
+                    value = named.get(split.arg)
+                    if isinstance(value, (tuple, list)):  # e.g. HunyuanDiT's rotary (cos, sin), each [S, D]
+                        named[split.arg] = _split_items(value, split, state)
+                    elif value is not None:
+                        named[split.arg] = _split(state, value, split)
+                    return (), named
+                handles.append(module.register_forward_pre_hook(split_input, with_kwargs=True))
 
     for gather in plan.gathers:
         def gather_output(_mod, _args, out, gather=gather):
@@ -381,6 +417,8 @@ def _hook_transformer(transformer: torch.nn.Module, plan: SequencePlan, state: _
             active = _MaskedTailAttention(state, streams, prefix + name)
         elif isinstance(streams, TokenMask):
             active = _TokenMaskAttention(state, streams, prefix + name)
+        elif isinstance(streams, KeyMask):
+            active = _KeyMaskAttention(state, tuple(streams.streams), prefix + name)
         else:
             active = _ActiveAttention(state, tuple(streams), prefix + name)
         marked[id(active)] = module
@@ -444,6 +482,16 @@ def _find(modules: dict, path: str) -> torch.nn.Module:
     if path not in modules:
         raise RuntimeError(f"sequence-parallel plan names module {path!r}, which this transformer lacks")
     return modules[path]
+
+
+def _find_all(modules: dict, path: str) -> list[torch.nn.Module]:
+    """The module at `path`, or every module a glob matches at its depth ("layers.*": the blocks, not their parts)."""
+    if not any(c in path for c in "*?["):
+        return [_find(modules, path)]
+    found = [m for name, m in modules.items() if name.count(".") == path.count(".") and fnmatch.fnmatchcase(name, path)]
+    if not found:
+        raise RuntimeError(f"sequence-parallel plan names modules {path!r}, which this transformer lacks")
+    return found
 
 
 def _match(attention: dict, name: str):

@@ -162,7 +162,8 @@ def resolve(transformer: nn.Module, plan: TensorPlan, stages: StagePlan) -> dict
 
 
 def _heads(transformer: nn.Module, ranks: int) -> int:
-    heads = int(transformer.config["num_attention_heads"])
+    config = transformer.config
+    heads = int(config["num_attention_heads"] if "num_attention_heads" in config else config["n_heads"])  # Z-Image
     if heads < ranks:
         raise ConfigError(f"tensor parallel degree {ranks} exceeds the model's {heads} attention heads: use "
                           f"--tensor-parallel-degree <= {heads}.")

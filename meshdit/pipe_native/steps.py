@@ -36,7 +36,8 @@ class StepCaches:
             signature = inspect.signature(transformer.forward)
 
             def begin(_module, args, kwargs, cache=cache, signature=signature):
-                t = signature.bind_partial(*args, **kwargs).arguments.get("timestep")
+                arguments = signature.bind_partial(*args, **kwargs).arguments
+                t = arguments.get("timestep", arguments.get("t"))  # Z-Image names it t
                 # the largest value: per-token timesteps (LTX's conditions, Wan 2.2 TI2V) hold 0 on conditioned tokens
                 key = float(t.max()) if isinstance(t, torch.Tensor) else t
                 if not seen or seen[-1] != key:

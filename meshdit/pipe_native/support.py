@@ -56,6 +56,7 @@ VERIFIED: dict[str, tuple[str, ...]] = {
     "HunyuanVideoImageToVideoPipeline": ("ring",),
     "HunyuanVideo15Pipeline": ("ulysses", "cache"),
     "HunyuanVideo15ImageToVideoPipeline": ("ring", "vae"),
+    "ZImagePipeline": ("ulysses", "ring", "tp", "vae", "cache"),
 }
 
 

@@ -195,8 +195,20 @@ def _linear_mix_ffn(cfg: dict, d: int, mlp_ratio: float, joint: bool) -> tuple[t
     return (block,) * int(cfg["num_layers"]), other, mlp_ratio
 
 
+def _swiglu_single(cfg: dict, d: int, mlp_ratio: float, joint: bool) -> tuple[tuple[Block, ...], int, float]:
+    """Single-stream blocks, [image, text] through the same Q/K/V, SwiGLU (8/3 d) and adaLN (4 modulations from a
+    min(d, 256)-wide embedding); the refiners (image and caption: 2 x n_refiner_layers blocks, whole on every rank)
+    and the caption and time embedders outside the block list (Z-Image)."""
+    ffn = int(d / 3 * 8)
+    block = Block(4 * d * d + 3 * ffn * d + 4 * d * min(d, 256), 0, joint=True, text_through_image_params=True)
+    refiners = 2 * int(cfg.get("n_refiner_layers", 2))
+    other = refiners * block.image_params + int(cfg.get("cap_feat_dim", d)) * d + 1024 * (256 + d)
+    return (block,) * int(cfg["num_layers"]), other, ffn / d
+
+
 BLOCK_FORMULAS = {BlockKind.DOUBLE_SINGLE: _double_single, BlockKind.SWIGLU_DOUBLE_SINGLE: _swiglu_double_single,
-                  BlockKind.SELF_CROSS_FFN: _self_cross_ffn, BlockKind.LINEAR_MIX_FFN: _linear_mix_ffn}
+                  BlockKind.SELF_CROSS_FFN: _self_cross_ffn, BlockKind.LINEAR_MIX_FFN: _linear_mix_ffn,
+                  BlockKind.SWIGLU_SINGLE: _swiglu_single}
 """A record's costs.blocks -> (config, hidden, mlp_ratio, joint) -> (blocks, parameters outside them, mlp_ratio)."""
 
 

@@ -21,7 +21,8 @@ def bare_forward(tiny_module: str, name: str, degrees: dict, hooked: bool = True
     engine = Engine(pipe, mesh_for(config) if config.world_size > 1 else None) if hooked else None
     try:
         with torch.inference_mode():
-            return pipe.transformer(**inputs, return_dict=False)[0]
+            out = pipe.transformer(**inputs, return_dict=False)[0]
+            return torch.stack(out) if isinstance(out, list) else out  # Z-Image returns one tensor per sample
     finally:
         if engine is not None:
             engine.close()

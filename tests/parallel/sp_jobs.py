@@ -69,6 +69,8 @@ def generate_layout(name: str, degrees: dict, height: int, width: int, seed: int
             state = engine.recipe.prepare(req, torch.Generator().manual_seed(seed), torch.device("cpu"))
             inputs = engine.recipe.model_inputs(state, state.latents, state.timesteps[0], COND)
             transformer_out = pipe.transformer(**inputs, return_dict=False)[0]
+            if isinstance(transformer_out, list):  # Z-Image: one tensor per sample
+                transformer_out = torch.stack(transformer_out)
         image = engine.generate(req).images
         return transformer_out, image
     finally:

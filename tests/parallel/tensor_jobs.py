@@ -49,6 +49,8 @@ def run(name: str, degrees: dict, height: int, width: int, steps: int = 2, forwa
                 inputs = engine.recipe.model_inputs(state, state.latents, state.timesteps[0], COND)
                 comm_stats.reset()
                 out = pipe.transformer(**inputs, return_dict=False)[0]
+                if isinstance(out, list):  # Z-Image: one tensor per sample
+                    out = torch.stack(out)
                 tp_bytes = comm_stats.bytes_sent.get("tensor_parallel_all_reduce", 0)
         image = engine.generate(req).images
         blocks = block_bytes(pipe.transformer, engine.info.family.plan().stages)

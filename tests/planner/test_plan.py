@@ -43,16 +43,18 @@ def test_plan_prints_the_table_in_under_2_s_without_torch():
 
 
 @pytest.mark.parametrize("name, published, tolerance", [
-    ("flux1-dev", 12e9, 0.03), ("flux2-dev", 32.2e9, 0.01), ("sd3.5-large", 8.1e9, 0.01)])
+    ("flux1-dev", 12e9, 0.03), ("flux2-dev", 32.2e9, 0.01), ("sd3.5-large", 8.1e9, 0.01),
+    ("z-image-turbo", 6e9, 0.03)])
 def test_snapshot_sizes_match_the_published_parameter_counts(name, published, tolerance):
-    """REFERENCE sizes: FLUX.2-dev 32.2 B, SD3.5 Large 8.1 B, FLUX.1-dev 12 B (the counts come from config
+    """REFERENCE sizes: FLUX.2-dev 32.2 B, SD3.5 Large 8.1 B, FLUX.1-dev 12 B, Z-Image-Turbo 6 B (the counts come from config
     fields alone: the cost model's FLOPs and weights rest on them)."""
     _, _, costs = load_model(name)
     assert costs.transformer_params == pytest.approx(published, rel=tolerance)
 
 
 def test_snapshots_resolve_by_name_and_by_hub_id_and_pass_the_models_checks():
-    assert set(snapshot_names()) == {"flux1-dev", "flux2-dev", "sd3.5-large", "wan2.1-t2v-14b", "hunyuanvideo"}
+    assert set(snapshot_names()) == {"flux1-dev", "flux2-dev", "sd3.5-large", "wan2.1-t2v-14b", "hunyuanvideo",
+                                    "z-image-turbo"}
     assert resolve_model("black-forest-labs/FLUX.1-dev") == resolve_model("flux1-dev")
     for name in snapshot_names():
         _, info, costs = load_model(name)
