@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from .support import PipelineSupport, installed_pipelines
+from .support import SEQUENCE_REFUSED, PipelineSupport, installed_pipelines
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "pipelines.md"
@@ -33,6 +33,8 @@ def _reason(s: PipelineSupport) -> str:
     """Why a class that is not verified pipe-native is not (the part of its __call__ no tiny test covers yet)."""
     if s.pipeline_class in UNSUPPORTED:
         return UNSUPPORTED[s.pipeline_class]
+    if s.pipeline_class in SEQUENCE_REFUSED:
+        return f"Ulysses / Ring refused: {SEQUENCE_REFUSED[s.pipeline_class]}"
     name = s.pipeline_class
     if "ControlNet" in name:
         return ("its ControlNet model's residuals enter the transformer per token and are not split by the "

@@ -56,6 +56,34 @@ VERIFIED: dict[str, tuple[str, ...]] = {
     "HunyuanVideoImageToVideoPipeline": ("ring",),
     "HunyuanVideo15Pipeline": ("ulysses", "cache"),
     "HunyuanVideo15ImageToVideoPipeline": ("ring", "vae"),
+    # ControlNet pipelines: the ControlNet runs whole on every rank; its residuals are split like the image tokens
+    "FluxControlNetPipeline": ("ulysses", "ring"),
+    "FluxControlNetImg2ImgPipeline": ("ulysses", "ring"),
+    "FluxControlNetInpaintPipeline": ("ulysses", "ring"),
+    "StableDiffusion3ControlNetPipeline": ("ulysses", "ring"),
+    "StableDiffusion3ControlNetInpaintingPipeline": ("ulysses", "ring"),
+    "QwenImageControlNetPipeline": ("ulysses", "ring"),
+    "QwenImageControlNetInpaintPipeline": ("ulysses", "ring"),
+    "SanaControlNetPipeline": ("ulysses", "ring"),
+    "HunyuanDiTControlNetPipeline": ("ulysses", "ring"),
+    # PAG: its processors replace attention on some layers; the router still routes their SDPA calls
+    "PixArtSigmaPAGPipeline": ("ulysses", "ring"),
+    "HunyuanDiTPAGPipeline": ("ulysses", "ring"),
+    # the condition concatenated on channels
+    "FluxControlPipeline": ("ulysses", "ring"),
+    "FluxControlImg2ImgPipeline": ("ulysses", "ring"),
+    "FluxControlInpaintPipeline": ("ulysses", "ring"),
+    "FluxFillPipeline": ("ulysses", "ring"),
+}
+
+_SD3_PAG = ("PAG's perturbed pass on SD3 replaces joint attention on its layers with a masked SDPA (each image token "
+            "attends only to itself), a mask the sequence-parallel attention does not take")
+SEQUENCE_REFUSED: dict[str, str] = {
+    # class -> why Ulysses / Ring cannot run it pipe-native (parallelize refuses those degrees with this reason)
+    "StableDiffusion3PAGPipeline": _SD3_PAG,
+    "StableDiffusion3PAGImg2ImgPipeline": _SD3_PAG,
+    "SanaPAGPipeline": ("PAG's SANA processors compute the linear attention of its layers themselves, without the "
+                        "K.V-summary exchange meshdit gives SanaLinearAttnProcessor2_0"),
 }
 
 

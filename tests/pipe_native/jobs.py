@@ -48,6 +48,7 @@ def call(pipe, name: str, output_type: str = "np") -> np.ndarray:
     for size in ("height", "width"):  # HunyuanVideo 1.5's image-to-video takes its size from the image
         if size not in taken:
             kwargs.pop(size, None)
+    torch.manual_seed(4)  # ControlNet pipelines encode the control image with torch's global RNG (no generator)
     with torch.inference_mode():
         result = pipe(**kwargs, generator=torch.Generator().manual_seed(3), output_type=output_type)
     return as_array(result, output_type)
