@@ -60,12 +60,12 @@ VERIFIED: dict[str, tuple[str, ...]] = {
     "FluxControlNetPipeline": ("ulysses", "ring"),
     "FluxControlNetImg2ImgPipeline": ("ulysses", "ring"),
     "FluxControlNetInpaintPipeline": ("ulysses", "ring"),
-    "StableDiffusion3ControlNetPipeline": ("ulysses", "ring"),
+    "StableDiffusion3ControlNetPipeline": ("ulysses", "ring", "cfg"),
     "StableDiffusion3ControlNetInpaintingPipeline": ("ulysses", "ring"),
     "QwenImageControlNetPipeline": ("ulysses", "ring"),
     "QwenImageControlNetInpaintPipeline": ("ulysses", "ring"),
-    "SanaControlNetPipeline": ("ulysses", "ring"),
-    "HunyuanDiTControlNetPipeline": ("ulysses", "ring"),
+    "SanaControlNetPipeline": ("ulysses", "ring", "cfg"),
+    "HunyuanDiTControlNetPipeline": ("ulysses", "ring", "cfg"),
     # PAG: its processors replace attention on some layers; the router still routes their SDPA calls
     "PixArtSigmaPAGPipeline": ("ulysses", "ring"),
     "HunyuanDiTPAGPipeline": ("ulysses", "ring"),
@@ -74,6 +74,14 @@ VERIFIED: dict[str, tuple[str, ...]] = {
     "FluxControlImg2ImgPipeline": ("ulysses", "ring"),
     "FluxControlInpaintPipeline": ("ulysses", "ring"),
     "FluxFillPipeline": ("ulysses", "ring"),
+    # video-to-video, edit and distilled variants
+    "CogVideoXVideoToVideoPipeline": ("ulysses", "ring"),
+    "CogVideoXFunControlPipeline": ("ulysses", "ring"),
+    "WanVideoToVideoPipeline": ("ulysses", "ring"),
+    "LucyEditPipeline": ("ulysses", "ring"),
+    "HunyuanSkyreelsImageToVideoPipeline": ("ulysses", "ring"),
+    "Flux2KleinPipeline": ("ulysses", "ring"),
+    "QwenImageEditPlusPipeline": ("ulysses",),  # its VAE inputs are resized to 1024 x 1024: the slowest case
 }
 
 _SD3_PAG = ("PAG's perturbed pass on SD3 replaces joint attention on its layers with a masked SDPA (each image token "

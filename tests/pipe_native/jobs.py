@@ -94,6 +94,13 @@ def run_case(name: str, layouts: list[str], output_type: str = "np") -> dict[str
     return differences
 
 
+def run_cases(names: list[str]) -> dict[str, dict[str, float]]:
+    """run_case of several classes (their VERIFIED layouts) in one pool job: one job's overhead for a group."""
+    from meshdit.pipe_native.support import VERIFIED
+
+    return {name: run_case(name, list(VERIFIED[name])) for name in names}
+
+
 def lora_after_parallelize(folder: str) -> tuple[float, float]:
     """FLUX.1 with a LoRA loaded through diffusers' own load_lora_weights after meshdit.parallelize (Ulysses 2):
     (its difference from the same load in one process, the adapter's effect), relative to the largest value."""
