@@ -26,6 +26,11 @@ UNSUPPORTED: dict[str, str] = {
     # classes over a planned transformer that run neither way, with the reason (checked by hand on diffusers 0.42.1)
     "ChromaInpaintPipeline": "diffusers 0.42.1's __call__ reads transformer.config.guidance_embeds, which "
                              "ChromaTransformer2DModel's config lacks: it fails in one process too",
+    "Flux2KleinKVPipeline": "with reference images its attention processors cache their K/V in the first step and "
+                            "reuse them after; under Ulysses / Ring that cache would hold one rank's shard: not "
+                            "verified",
+    "QwenImageEditInpaintPipeline": "runs in one process, but its __call__ resizes the input to a 1024 x 1024-pixel "
+                                    "area whatever the size asked, beyond the CPU tests' budget: not verified",
 }
 
 
@@ -45,7 +50,7 @@ def _reason(s: PipelineSupport) -> str:
         return ("under Ulysses / Ring a batch-2 input meets a batch-1 tensor in its transformer call "
                 "(`shape '[2, -1, 192]' is invalid`); cfg verified, sequence layouts not yet")
     if s.transformer_calls == 0:
-        return "calls its transformer(s) through a local name (Wan's experts); not verified pipe-native yet"
+        return "calls its transformer through another name than `self.transformer(`; not verified pipe-native yet"
     return "no tiny pipeline of this class verifies it yet"
 
 
