@@ -81,6 +81,9 @@ VERIFIED: dict[str, tuple[str, ...]] = {
     "LucyEditPipeline": ("ulysses", "ring"),
     "HunyuanSkyreelsImageToVideoPipeline": ("ulysses", "ring"),
     "Flux2KleinPipeline": ("ulysses", "ring"),
+    "Flux2KleinInpaintPipeline": ("ulysses", "ring"),
+    "SanaSprintPipeline": ("ulysses", "ring"),
+    "SanaSprintImg2ImgPipeline": ("ulysses", "ring"),
     "QwenImageEditPlusPipeline": ("ulysses",),  # its VAE inputs are resized to 1024 x 1024: the slowest case
 }
 

@@ -25,7 +25,8 @@ GROUPS = {
     "pag": ["PixArtSigmaPAGPipeline", "HunyuanDiTPAGPipeline"],
     "video": ["CogVideoXVideoToVideoPipeline", "CogVideoXFunControlPipeline", "WanVideoToVideoPipeline",
               "LucyEditPipeline", "HunyuanSkyreelsImageToVideoPipeline"],
-    "distilled": ["Flux2KleinPipeline"],
+    "distilled": ["Flux2KleinPipeline", "Flux2KleinInpaintPipeline", "SanaSprintPipeline",
+                  "SanaSprintImg2ImgPipeline"],
 }
 GROUPED = {name for names in GROUPS.values() for name in names}
 
