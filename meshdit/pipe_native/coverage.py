@@ -46,9 +46,6 @@ def _reason(s: PipelineSupport) -> str:
                 "sequence plan yet")
     if "PAG" in name:
         return "PAG's attention processors chunk the transformer's batch into branches; not verified"
-    if name == "LTXPipeline":
-        return ("under Ulysses / Ring a batch-2 input meets a batch-1 tensor in its transformer call "
-                "(`shape '[2, -1, 192]' is invalid`); cfg verified, sequence layouts not yet")
     if s.transformer_calls == 0:
         return "calls its transformer through another name than `self.transformer(`; not verified pipe-native yet"
     return "no tiny pipeline of this class verifies it yet"
@@ -63,7 +60,7 @@ def rows() -> list[tuple[str, ...]]:
         guidance = ("batched (cfg splits it)" if s.batched_guidance else
                     "one call per step (cfg refused)" if s.transformer_calls == 1 else "per branch (cfg refused)")
         note = "" if verified is not None or s.recipe else _reason(s)
-        if verified is None and s.recipe or s.pipeline_class == "LTXPipeline":
+        if verified is None and s.recipe:
             note = "pipe-native: " + _reason(s)
         table.append((s.pipeline_class, f"{s.transformer_class} ({s.family})", native, recipe, guidance, note))
     return table

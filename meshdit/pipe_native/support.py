@@ -49,7 +49,7 @@ VERIFIED: dict[str, tuple[str, ...]] = {
     "QwenImageEditPipeline": ("ulysses", "tp"),
     "WanPipeline": ("ulysses", "ring", "tp", "cache"),
     "WanImageToVideoPipeline": ("ulysses", "vae"),
-    "LTXPipeline": ("cfg",),
+    "LTXPipeline": ("ulysses", "ring", "cfg", "cache"),
     "LTXImageToVideoPipeline": ("ulysses", "cfg", "vae"),
     "LTXConditionPipeline": ("ring", "cache"),
     "HunyuanVideoPipeline": ("ulysses", "vae", "cache"),
