@@ -84,7 +84,11 @@ VERIFIED: dict[str, tuple[str, ...]] = {
     "Flux2KleinInpaintPipeline": ("ulysses", "ring"),
     "SanaSprintPipeline": ("ulysses", "ring"),
     "SanaSprintImg2ImgPipeline": ("ulysses", "ring"),
-    "QwenImageEditPlusPipeline": ("ulysses",),  # its VAE inputs are resized to 1024 x 1024: the slowest case
+    "QwenImageEditPlusPipeline": ("ulysses",),
+    "VisualClozeGenerationPipeline": ("ulysses", "ring"),
+    "VisualClozePipeline": ("ulysses", "ring"),
+    "QwenImageLayeredPipeline": ("ulysses",),  # 640 px at least (its resolution buckets): one step
+    "LTXI2VLongMultiPromptPipeline": ("ulysses", "ring"),  # its per-token timestep [B, S, 1] split with the tokens  # its VAE inputs are resized to 1024 x 1024: the slowest case
 }
 
 _SD3_PAG = ("PAG's perturbed pass on SD3 replaces joint attention on its layers with a masked SDPA (each image token "

@@ -285,3 +285,41 @@ CASES.update(_variant_cases_2())
 CASES["LTXPipeline"] = Case(lambda: tiny_pipeline("ltx"), lambda: dict(  # 3 x 3 x 3 tokens: uneven on 2 ranks
     prompt="a red cat", negative_prompt="a dog", max_sequence_length=16, height=96, width=96, num_frames=17,
     guidance_scale=3.0))
+
+
+def _visual_cloze_cases() -> dict[str, Case]:
+    """VisualCloze: FLUX.1 Fill's transformer over a grid of in-context examples and the query (its target None)."""
+    from tests.pipe_native import variant_cases as v
+
+    def grid():
+        return [[sample_image(32, 32), other_image(32, 32)], [other_image(32, 32), None]]
+
+    call = dict(task_prompt="make it red", content_prompt="a red cat", max_sequence_length=6, guidance_scale=3.0)
+    return {
+        "VisualClozeGenerationPipeline": Case(v.retransformed("flux", "VisualClozeGenerationPipeline",
+                                                              lambda: dict(resolution=32), in_channels=48,
+                                                              out_channels=16), lambda: dict(call, image=grid())),
+        "VisualClozePipeline": Case(v.retransformed("flux", "VisualClozePipeline", lambda: dict(resolution=32),
+                                                    in_channels=48, out_channels=16),
+                                    lambda: dict(call, image=grid(), upsampling_strength=0.0)),
+    }
+
+
+CASES.update(_visual_cloze_cases())
+def _static_shift():
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return dict(scheduler=FlowMatchEulerDiscreteScheduler())  # its __call__ passes no mu: no dynamic shifting
+
+
+CASES["LTXI2VLongMultiPromptPipeline"] = Case(__import__("tests.pipe_native.variant_cases").pipe_native.variant_cases
+                                              .retransformed("ltx", "LTXI2VLongMultiPromptPipeline", _static_shift),
+                                              lambda: dict(
+    prompt="a red cat", negative_prompt="a dog", max_sequence_length=16, height=64, width=96, num_frames=17,
+    guidance_scale=3.0, cond_image=sample_image(64, 96), temporal_tile_size=16, temporal_overlap=8,
+    decode_horizontal_tiles=1, decode_vertical_tiles=1))
+CASES["QwenImageLayeredPipeline"] = Case(__import__("tests.pipe_native.variant_cases").pipe_native.variant_cases
+                                         .retransformed("qwenimage-edit", "QwenImageLayeredPipeline",
+                                                        use_layer3d_rope=True), lambda: dict(
+    prompt="a red cat", max_sequence_length=6, image=sample_image(64, 64), layers=1, resolution=640,
+    negative_prompt="a dog", true_cfg_scale=2.0), steps=1)

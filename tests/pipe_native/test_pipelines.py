@@ -17,14 +17,14 @@ def test_every_verified_class_has_a_case():
 GROUPS = {
     # variants run several to a pool job (one job's overhead): their tiny pipelines are small
     "flux-control": ["FluxControlPipeline", "FluxControlImg2ImgPipeline", "FluxControlInpaintPipeline",
-                     "FluxFillPipeline"],
+                     "FluxFillPipeline", "VisualClozeGenerationPipeline", "VisualClozePipeline"],
     "flux-controlnet": ["FluxControlNetPipeline", "FluxControlNetImg2ImgPipeline", "FluxControlNetInpaintPipeline"],
     "controlnet": ["StableDiffusion3ControlNetPipeline", "StableDiffusion3ControlNetInpaintingPipeline",
                    "QwenImageControlNetPipeline", "QwenImageControlNetInpaintPipeline", "SanaControlNetPipeline",
                    "HunyuanDiTControlNetPipeline"],
     "pag": ["PixArtSigmaPAGPipeline", "HunyuanDiTPAGPipeline"],
     "video": ["CogVideoXVideoToVideoPipeline", "CogVideoXFunControlPipeline", "WanVideoToVideoPipeline",
-              "LucyEditPipeline", "HunyuanSkyreelsImageToVideoPipeline"],
+              "LucyEditPipeline", "HunyuanSkyreelsImageToVideoPipeline", "LTXI2VLongMultiPromptPipeline"],
     "distilled": ["Flux2KleinPipeline", "Flux2KleinInpaintPipeline", "SanaSprintPipeline",
                   "SanaSprintImg2ImgPipeline"],
 }
