@@ -19,6 +19,10 @@ SEQUENCE_PLAN = SequencePlan(
         Split("", "encoder_hidden_states", -2, "txt"),
         Split("", "img_ids", -2, "img"),
         Split("", "txt_ids", -2, "txt"),
+        # a ControlNet's per-block residuals [B, S_img, D] (FluxControlNet* pipelines: the ControlNet runs whole on
+        # every rank), added to the image tokens inside the block loop: split like them
+        Split("", "controlnet_block_samples", -2, "img"),
+        Split("", "controlnet_single_block_samples", -2, "img"),
     ),
     gathers=(Gather("proj_out", -2, "img"),),
     attention={"*": ("txt", "img")},

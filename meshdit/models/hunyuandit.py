@@ -27,6 +27,8 @@ PLAN = ModelPlan(
         splits=(
             Split("pos_embed", OUTPUT, -2, "img"),
             Split("", "image_rotary_emb", -2, "img", table=True),
+            # a ControlNet's residuals [B, S_img, D] (run whole on every rank), added to the long skips' image tokens
+            Split("", "controlnet_block_samples", -2, "img"),
         ),
         gathers=(Gather("proj_out", -2, "img"),),
         attention={

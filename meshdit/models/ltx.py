@@ -42,6 +42,8 @@ PLAN = ModelPlan(
         splits=(
             Split("", "hidden_states", -2, "img"),
             Split("", "timestep", -1, "img", table=True, expected_dims=2),
+            # LTXI2VLongMultiPromptPipeline's per-token timestep is [B, S, 1]
+            Split("", "timestep", -2, "img", table=True, expected_dims=3),
             Split("rope", OUTPUT, -2, "img"),
         ),
         gathers=(Gather("proj_out", -2, "img"),),

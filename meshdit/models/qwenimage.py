@@ -36,6 +36,8 @@ PLAN = ModelPlan(
         splits=(
             Split("transformer_blocks.0", "hidden_states", -2, "img"),
             Split("pos_embed", OUTPUT, -2, "img", item=0),
+            # a ControlNet's per-block residuals [B, S_img, D] (run whole on every rank), added to the image tokens
+            Split("", "controlnet_block_samples", -2, "img"),
         ),
         gathers=(Gather("proj_out", -2, "img"),),
         attention={"*": MaskedTail(("img",), "txt", leading=True)},

@@ -21,7 +21,10 @@ from ..denoising.recipe import COND, UNCOND, DenoiseState, Recipe
 
 PLAN = ModelPlan(
     SequencePlan(
-        splits=(Split("", "hidden_states", -2, "img", rows=True),),  # the latent's rows: [B, C, h / sp, w]
+        splits=(Split("", "hidden_states", -2, "img", rows=True),  # the latent's rows: [B, C, h / sp, w]
+                # a ControlNet's per-block residuals [B, h * w, D] (run whole on every rank), added to the image
+                # tokens: split into the tokens of this rank's row band
+                Split("", "controlnet_block_samples", -2, "img", band_tokens=True)),
         gathers=(Gather("", -2, "img"),),  # the transformer's output [B, C, h / sp, w], unpatchified by the model
         attention={
             "transformer_blocks.*.attn1": NotSdpa(("img",), exchange_kv_summary),

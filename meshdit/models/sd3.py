@@ -16,6 +16,9 @@ PLAN = ModelPlan(
         splits=(
             Split("pos_embed", OUTPUT, -2, "img"),
             Split("context_embedder", OUTPUT, -2, "txt"),
+            # a ControlNet's per-block residuals [B, S_img, D] (the ControlNet runs whole on every rank), added to
+            # the image tokens in the block loop: split like them
+            Split("", "block_controlnet_hidden_states", -2, "img"),
         ),
         gathers=(Gather("proj_out", -2, "img"),),
         attention={

@@ -42,6 +42,10 @@ class Split:
     split into bands of whole rows, so grid-shaped work inside the model (SANA's 3x3 conv, with a RowHalo) sees a
     band and the model reads its height from the band. The stream's lengths are then kept in rows (its tokens:
     `token_lens`); a PipeFusion patch window (in tokens) is converted to rows."""
+    band_tokens: bool = False
+    """`dim` holds the tokens (rows x columns, flattened) of a `rows` stream split before it in the plan: cut into
+    this rank's band's tokens (the stream's `token_lens`), recording no lengths (SANA's ControlNet residuals
+    [B, h * w, D] beside its row bands)."""
 
 
 @dataclass(frozen=True)

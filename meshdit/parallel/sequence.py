@@ -363,6 +363,11 @@ def apply_sequence_parallel(transformers: torch.nn.Module | list[torch.nn.Module
 def _split(state: _SequenceState, x: torch.Tensor, split: Split) -> torch.Tensor:
     if split.expected_dims is not None and x.dim() != split.expected_dims:  # no tokens in this form
         return x
+    if split.band_tokens:  # the tokens of the row bands the stream was split into
+        if state.patch is not None:
+            raise NotImplementedError(f"{split.arg}: a per-token input beside a rows stream is not patched for "
+                                      "PipeFusion; run it with pipefusion degree 1")
+        return x.split(state.token_lens(split.stream), dim=split.dim)[state.sp_rank]
     return state.split(x, split.dim, split.stream, split.table, split.rows)
 
 

@@ -4,7 +4,7 @@ the transformer a batch of 2B; each cfg rank runs its slice of that batch and th
 Every rank runs the same `__call__`, so every rank holds the whole batch: the pre-hook keeps this rank's rows of
 each batched input (a tensor whose first dim is the batch, at the top level or inside a dict argument such as
 PixArt's `added_cond_kwargs`), the forward hook all-gathers the output rows. Tuples and lists (rotary tables) are
-not batched and stay whole. The rows are independent in a DiT (no op mixes samples), so any split of any batch is
+not batched and stay whole, except a ControlNet's per-block residuals (RESIDUAL_LISTS: lists of [2B, S, D]). The rows are independent in a DiT (no op mixes samples), so any split of any batch is
 exact: an odd batch splits unevenly, a batch smaller than the cfg ranks runs whole on every rank.
 """
 from __future__ import annotations
@@ -14,6 +14,10 @@ import inspect
 import torch
 
 from ..distributed.comm import all_gather_uneven, group_rank, group_size, split_sizes
+
+RESIDUAL_LISTS = ("controlnet_block_samples", "controlnet_single_block_samples", "block_controlnet_hidden_states")
+"""Transformer arguments that hold a ControlNet's residuals, one batched tensor per block (the ControlNet runs whole
+on every rank, over the whole guidance batch): each tensor's rows are split like the hidden states'."""
 
 
 class BatchSplit:
@@ -44,7 +48,8 @@ class BatchSplit:
                 return {k: rows(v) for k, v in value.items()}
             return value
 
-        return (), {name: rows(value) for name, value in named.items()}
+        return (), {name: type(value)(rows(v) for v in value) if name in RESIDUAL_LISTS and value is not None
+                    else rows(value) for name, value in named.items()}
 
     def _gather(self, _module, _args, out):
         if self.lens is None:

@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from .support import PipelineSupport, installed_pipelines
+from .support import SEQUENCE_REFUSED, PipelineSupport, installed_pipelines
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "pipelines.md"
@@ -26,6 +26,11 @@ UNSUPPORTED: dict[str, str] = {
     # classes over a planned transformer that run neither way, with the reason (checked by hand on diffusers 0.42.1)
     "ChromaInpaintPipeline": "diffusers 0.42.1's __call__ reads transformer.config.guidance_embeds, which "
                              "ChromaTransformer2DModel's config lacks: it fails in one process too",
+    "Flux2KleinKVPipeline": "with reference images its attention processors cache their K/V in the first step and "
+                            "reuse them after; under Ulysses / Ring that cache would hold one rank's shard: not "
+                            "verified",
+    "QwenImageEditInpaintPipeline": "runs in one process, but its __call__ resizes the input to a 1024 x 1024-pixel "
+                                    "area whatever the size asked, beyond the CPU tests' budget: not verified",
 }
 
 
@@ -33,17 +38,16 @@ def _reason(s: PipelineSupport) -> str:
     """Why a class that is not verified pipe-native is not (the part of its __call__ no tiny test covers yet)."""
     if s.pipeline_class in UNSUPPORTED:
         return UNSUPPORTED[s.pipeline_class]
+    if s.pipeline_class in SEQUENCE_REFUSED:
+        return f"Ulysses / Ring refused: {SEQUENCE_REFUSED[s.pipeline_class]}"
     name = s.pipeline_class
     if "ControlNet" in name:
         return ("its ControlNet model's residuals enter the transformer per token and are not split by the "
                 "sequence plan yet")
     if "PAG" in name:
         return "PAG's attention processors chunk the transformer's batch into branches; not verified"
-    if name == "LTXPipeline":
-        return ("under Ulysses / Ring a batch-2 input meets a batch-1 tensor in its transformer call "
-                "(`shape '[2, -1, 192]' is invalid`); cfg verified, sequence layouts not yet")
     if s.transformer_calls == 0:
-        return "calls its transformer(s) through a local name (Wan's experts); not verified pipe-native yet"
+        return "calls its transformer through another name than `self.transformer(`; not verified pipe-native yet"
     return "no tiny pipeline of this class verifies it yet"
 
 
@@ -56,7 +60,7 @@ def rows() -> list[tuple[str, ...]]:
         guidance = ("batched (cfg splits it)" if s.batched_guidance else
                     "one call per step (cfg refused)" if s.transformer_calls == 1 else "per branch (cfg refused)")
         note = "" if verified is not None or s.recipe else _reason(s)
-        if verified is None and s.recipe or s.pipeline_class == "LTXPipeline":
+        if verified is None and s.recipe:
             note = "pipe-native: " + _reason(s)
         table.append((s.pipeline_class, f"{s.transformer_class} ({s.family})", native, recipe, guidance, note))
     return table

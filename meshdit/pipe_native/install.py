@@ -34,7 +34,7 @@ from ..models.registry import family_for_transformer
 from ..vae.settings import UNSPLIT_VAE_REASONS, VaeDecodeSettings
 from .batch_split import BatchSplit
 from .steps import StepCaches
-from .support import support_of
+from .support import SEQUENCE_REFUSED, support_of
 from .vae_decode import ParallelDecode
 
 _INSTALLED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -104,6 +104,8 @@ def _check_layout(pipe, support, family, config: ParallelConfig) -> None:
         raise ConfigError(f"data parallelism splits the prompts before the pipeline runs: call {name} with your "
                           "share of the prompts on each rank group, or use the Engine's recipe path; "
                           "data_parallel_degree 1 here.")
+    if config.ulysses_degree * config.ring_degree > 1 and (why := SEQUENCE_REFUSED.get(name)):
+        raise ConfigError(f"{name}: {why}; use ulysses_degree and ring_degree 1 for this pipeline.")
     if config.cfg_degree > 1 and (why := support.cfg_refusal()):
         raise ConfigError(why + ".")
     if config.tensor_parallel_degree > 1 and not family.parallel.tensor:

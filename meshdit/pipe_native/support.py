@@ -49,7 +49,7 @@ VERIFIED: dict[str, tuple[str, ...]] = {
     "QwenImageEditPipeline": ("ulysses", "tp"),
     "WanPipeline": ("ulysses", "ring", "tp", "cache"),
     "WanImageToVideoPipeline": ("ulysses", "vae"),
-    "LTXPipeline": ("cfg",),
+    "LTXPipeline": ("ulysses", "ring", "cfg", "cache"),
     "LTXImageToVideoPipeline": ("ulysses", "cfg", "vae"),
     "LTXConditionPipeline": ("ring", "cache"),
     "HunyuanVideoPipeline": ("ulysses", "vae", "cache"),
@@ -57,6 +57,49 @@ VERIFIED: dict[str, tuple[str, ...]] = {
     "HunyuanVideo15Pipeline": ("ulysses", "cache"),
     "HunyuanVideo15ImageToVideoPipeline": ("ring", "vae"),
     "ZImagePipeline": ("ulysses", "ring", "tp", "vae", "cache"),
+    # ControlNet pipelines: the ControlNet runs whole on every rank; its residuals are split like the image tokens
+    "FluxControlNetPipeline": ("ulysses", "ring"),
+    "FluxControlNetImg2ImgPipeline": ("ulysses", "ring"),
+    "FluxControlNetInpaintPipeline": ("ulysses", "ring"),
+    "StableDiffusion3ControlNetPipeline": ("ulysses", "ring", "cfg"),
+    "StableDiffusion3ControlNetInpaintingPipeline": ("ulysses", "ring"),
+    "QwenImageControlNetPipeline": ("ulysses", "ring"),
+    "QwenImageControlNetInpaintPipeline": ("ulysses", "ring"),
+    "SanaControlNetPipeline": ("ulysses", "ring", "cfg"),
+    "HunyuanDiTControlNetPipeline": ("ulysses", "ring", "cfg"),
+    # PAG: its processors replace attention on some layers; the router still routes their SDPA calls
+    "PixArtSigmaPAGPipeline": ("ulysses", "ring"),
+    "HunyuanDiTPAGPipeline": ("ulysses", "ring"),
+    # the condition concatenated on channels
+    "FluxControlPipeline": ("ulysses", "ring"),
+    "FluxControlImg2ImgPipeline": ("ulysses", "ring"),
+    "FluxControlInpaintPipeline": ("ulysses", "ring"),
+    "FluxFillPipeline": ("ulysses", "ring"),
+    # video-to-video, edit and distilled variants
+    "CogVideoXVideoToVideoPipeline": ("ulysses", "ring"),
+    "CogVideoXFunControlPipeline": ("ulysses", "ring"),
+    "WanVideoToVideoPipeline": ("ulysses", "ring"),
+    "LucyEditPipeline": ("ulysses", "ring"),
+    "HunyuanSkyreelsImageToVideoPipeline": ("ulysses", "ring"),
+    "Flux2KleinPipeline": ("ulysses", "ring"),
+    "Flux2KleinInpaintPipeline": ("ulysses", "ring"),
+    "SanaSprintPipeline": ("ulysses", "ring"),
+    "SanaSprintImg2ImgPipeline": ("ulysses", "ring"),
+    "QwenImageEditPlusPipeline": ("ulysses",),
+    "VisualClozeGenerationPipeline": ("ulysses", "ring"),
+    "VisualClozePipeline": ("ulysses", "ring"),
+    "QwenImageLayeredPipeline": ("ulysses",),  # 640 px at least (its resolution buckets): one step
+    "LTXI2VLongMultiPromptPipeline": ("ulysses", "ring"),  # its per-token timestep [B, S, 1] split with the tokens
+}
+
+_SD3_PAG = ("PAG's perturbed pass on SD3 replaces joint attention on its layers with a masked SDPA (each image token "
+            "attends only to itself), a mask the sequence-parallel attention does not take")
+SEQUENCE_REFUSED: dict[str, str] = {
+    # class -> why Ulysses / Ring cannot run it pipe-native (parallelize refuses those degrees with this reason)
+    "StableDiffusion3PAGPipeline": _SD3_PAG,
+    "StableDiffusion3PAGImg2ImgPipeline": _SD3_PAG,
+    "SanaPAGPipeline": ("PAG's SANA processors compute the linear attention of its layers themselves, without the "
+                        "K.V-summary exchange meshdit gives SanaLinearAttnProcessor2_0"),
 }
 
 

@@ -48,6 +48,7 @@ def call(pipe, name: str, output_type: str = "np") -> np.ndarray:
     for size in ("height", "width"):  # HunyuanVideo 1.5's image-to-video takes its size from the image
         if size not in taken:
             kwargs.pop(size, None)
+    torch.manual_seed(4)  # ControlNet pipelines encode the control image with torch's global RNG (no generator)
     with torch.inference_mode():
         result = pipe(**kwargs, generator=torch.Generator().manual_seed(3), output_type=output_type)
     return as_array(result, output_type)
@@ -91,6 +92,13 @@ def run_case(name: str, layouts: list[str], output_type: str = "np") -> dict[str
             else:
                 meshdit.unparallelize(pipe)
     return differences
+
+
+def run_cases(names: list[str]) -> dict[str, dict[str, float]]:
+    """run_case of several classes (their VERIFIED layouts) in one pool job: one job's overhead for a group."""
+    from meshdit.pipe_native.support import VERIFIED
+
+    return {name: run_case(name, list(VERIFIED[name])) for name in names}
 
 
 def lora_after_parallelize(folder: str) -> tuple[float, float]:

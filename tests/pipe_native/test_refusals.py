@@ -38,3 +38,17 @@ def test_unsplittable_vae_and_twice_and_not_parallelized():
             meshdit.parallelize(flux)
     with pytest.raises(ConfigError, match="is not parallelized"):
         meshdit.unparallelize(flux)
+
+
+@pytest.mark.parametrize("cls, build, match", [
+    ("StableDiffusion3PAGPipeline", "sd35-4blocks", "masked SDPA"),
+    ("SanaPAGPipeline", "sana", "K.V-summary exchange"),
+])
+def test_pag_refused_under_sequence_parallelism_where_its_processors_need_it(cls, build, match):
+    from tests.pipe_native.variant_cases import pag
+
+    pipe = pag(build, cls, ["blocks.1"] if "SD3" in cls or "StableDiffusion3" in cls else
+               ["transformer_blocks.0"])()
+    with pytest.raises(ConfigError, match=match):
+        meshdit.parallelize(pipe, meshdit.ParallelConfig(ulysses_degree=2))
+    assert meshdit.pipe_native.installed(pipe) is None

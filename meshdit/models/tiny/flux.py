@@ -24,6 +24,10 @@ def tiny_flux_pipeline(seed: int = 0, heads: int = 4, guidance_embeds: bool = Fa
     )
 
 
+# meshdit's splits a _cp_plan lacks (tests/models/test_diffusers_guard.py): a ControlNet's residuals, split with the image
+PLAN_NOT_IN_CP_PLAN = {("", "controlnet_block_samples"): "a ControlNet's per-block residuals, split with the image",
+                       ("", "controlnet_single_block_samples"): "a ControlNet's single-block residuals, likewise"}
+
 BUILDERS = {
     "flux": tiny_flux_pipeline,
     "flux-4blocks": lambda seed=0: tiny_flux_pipeline(seed, double=2, single=2),

@@ -23,6 +23,10 @@ def tiny_flux2_pipeline(seed: int = 0, double: int = 1, single: int = 1):
                          text_encoder=None, tokenizer=None, transformer=transformer)
 
 
+# meshdit's splits a _cp_plan lacks (tests/models/test_diffusers_guard.py): a ControlNet's residuals, split with the image
+PLAN_NOT_IN_CP_PLAN = {("", "controlnet_block_samples"): "a ControlNet's per-block residuals, split with the image",
+                       ("", "controlnet_single_block_samples"): "a ControlNet's single-block residuals, likewise"}
+
 BUILDERS = {
     "flux2": tiny_flux2_pipeline,
     "flux2-4blocks": lambda seed=0: tiny_flux2_pipeline(seed, double=2, single=2),

@@ -18,6 +18,10 @@ def tiny_kontext_pipeline(seed: int = 0, vae_levels: int = 2, **flux):
     return FluxKontextPipeline(**components)
 
 
+# meshdit's splits a _cp_plan lacks (tests/models/test_diffusers_guard.py): a ControlNet's residuals, split with the image
+PLAN_NOT_IN_CP_PLAN = {("", "controlnet_block_samples"): "a ControlNet's per-block residuals, split with the image",
+                       ("", "controlnet_single_block_samples"): "a ControlNet's single-block residuals, likewise"}
+
 BUILDERS = {
     "kontext": tiny_kontext_pipeline,
     "kontext-4blocks": lambda seed=0: tiny_kontext_pipeline(seed, double=2, single=2),

@@ -105,6 +105,7 @@ CP_PLAN_NOT_SPLIT = {
     ("transformer_blocks.*", "modulate_index"): "zero_cond_t only, which meshdit refuses",
     ("pos_embed", 1): "the text's rotary freqs, whole with the text",
 }
+PLAN_NOT_IN_CP_PLAN = {("", "controlnet_block_samples"): "a ControlNet's per-block residuals, split with the image"}
 
 
 def diffusers_test_inputs(config, d) -> dict:
