@@ -29,7 +29,8 @@ _SETUP: dict = {}
 
 
 def wan_pipeline(seed: int = 0, quick: bool = False):
-    """WanPipeline around the benchmark transformer (tiny VAE and text encoder: the forward is what is timed)."""
+    """WanPipeline around the benchmark transformer (tiny VAE and text encoder: the forward is what is timed; the
+    3-channel VAE the planner's memory check was calibrated on, not compared against serial)."""
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
 
     from meshdit.models.tiny.wan import tiny_wan_vae, umt5_text_model
@@ -41,7 +42,7 @@ def wan_pipeline(seed: int = 0, quick: bool = False):
         patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim, in_channels=16,
         out_channels=16, text_dim=64, freq_dim=64, ffn_dim=4 * heads * head_dim, num_layers=layers,
         cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=64).eval()
-    return WanPipeline(tokenizer=t5_tokenizer(), text_encoder=umt5_text_model(64), vae=tiny_wan_vae(),
+    return WanPipeline(tokenizer=t5_tokenizer(), text_encoder=umt5_text_model(64), vae=tiny_wan_vae(base_dim=3),
                        scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0), transformer=transformer)
 
 
