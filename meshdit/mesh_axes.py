@@ -131,11 +131,6 @@ def derived_group(name: str) -> DerivedGroup:
     return _DERIVED_BY_NAME[MeshAxis(name)]
 
 
-def groups_of(name: str) -> tuple[MeshAxis, ...]:
-    """The derived groups an axis is part of: ring -> (sp, image)."""
-    return tuple(g.name for g in DERIVED_GROUPS if MeshAxis(name) in g.axes)
-
-
 def degree_field(name: MeshAxis) -> Any:
     """ParallelConfig's degree field of an axis, with its flag from the table: `ulysses_degree: int =
     degree_field(MeshAxis.ULYSSES)`."""
